@@ -1,0 +1,5 @@
+"""``python -m kvctl`` runs the command line."""
+
+from kvctl.cli import run
+
+run()

@@ -1,0 +1,1 @@
+"""Command modules: one thin module per command family (parse, call the library, render)."""

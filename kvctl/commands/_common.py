@@ -1,0 +1,48 @@
+"""Option types and helpers shared by every command module."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from kvctl.config import load_section
+from kvctl.output import Output
+
+T = TypeVar("T")
+
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document (with schema_version) on stdout.")
+]
+
+
+@dataclasses.dataclass
+class GlobalOptions:
+    """What the root callback parsed: ``--config``, ``-v``, ``-q``."""
+
+    config: Path | None = None
+    verbose: int = 0
+    quiet: bool = False
+
+    def settings(self, cls: type[T], **flags: Any) -> T:
+        """Resolve settings ``cls``: defaults < --config/KVCTL_CONFIG < KVCTL_* < ``flags``."""
+        config = self.config
+        if config is None and os.environ.get("KVCTL_CONFIG"):
+            config = Path(os.environ["KVCTL_CONFIG"])
+        return load_section(cls, config_file=config, flags=flags)
+
+    def output(self, *, json_mode: bool = False) -> Output:
+        """An :class:`Output` honouring ``-q``/``-v`` and ``--json``."""
+        return Output(quiet=self.quiet, verbose=self.verbose, json_mode=json_mode)
+
+
+def global_options(ctx: typer.Context) -> GlobalOptions:
+    """The global options of this invocation (defaults when a command runs on its own)."""
+    root = ctx.find_root()
+    obj = root.obj
+    if isinstance(obj, GlobalOptions):
+        return obj
+    return GlobalOptions()

@@ -1,0 +1,110 @@
+"""Rendering for people and scripts (CLI layer: the library never imports this module).
+
+- Tables and progress go through Rich; progress and diagnostics go to stderr so stdout
+  stays clean for ``--json`` and pipes.
+- ``--json`` prints exactly one JSON document on stdout with ``schema_version`` and ``kind``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from kvctl import SCHEMA_VERSION
+from kvctl.errors import KvctlError
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert dataclasses, enums, paths, bytes, sets and mappings into JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return to_jsonable(obj.value)
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, bytes):
+        return obj.hex()
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        items = [to_jsonable(v) for v in obj]
+        return sorted(items, key=str) if isinstance(obj, set | frozenset) else items
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    return obj
+
+
+def json_document(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The envelope every ``--json`` output uses."""
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, **to_jsonable(payload)}
+
+
+class Output:
+    """Where a command writes: a stdout console for results, a stderr console for the rest."""
+
+    def __init__(self, *, quiet: bool = False, verbose: int = 0, json_mode: bool = False) -> None:
+        self.quiet = quiet
+        self.verbose = verbose
+        self.json_mode = json_mode
+        self.console = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+
+    def emit_json(self, kind: str, payload: Mapping[str, Any]) -> None:
+        """Print one JSON document on stdout."""
+        sys.stdout.write(json.dumps(json_document(kind, payload), indent=2) + "\n")
+        sys.stdout.flush()
+
+    def print(self, *renderables: Any) -> None:
+        """Print results for people (suppressed in JSON mode)."""
+        if not self.json_mode:
+            self.console.print(*renderables)
+
+    def info(self, message: str) -> None:
+        """A status line on stderr, hidden by ``--quiet`` and in JSON mode."""
+        if not self.quiet and not self.json_mode:
+            self.err.print(message)
+
+    def debug(self, message: str) -> None:
+        """A detail shown only with ``-v``."""
+        if self.verbose > 0:
+            self.err.print(f"[dim]{message}[/dim]")
+
+    def warn(self, message: str) -> None:
+        """A warning on stderr (kept in JSON mode, hidden by ``--quiet``)."""
+        if not self.quiet:
+            self.err.print(f"[yellow]Warning:[/yellow] {message}")
+
+    @contextmanager
+    def progress(self, description: str, total: float | None = None) -> Iterator[Progress]:
+        """A live progress bar on stderr; disabled when quiet, in JSON mode or not a TTY."""
+        disable = self.quiet or self.json_mode or not self.err.is_terminal
+        columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                   MofNCompleteColumn(), TimeElapsedColumn()]
+        with Progress(*columns, console=self.err, transient=True, disable=disable) as bar:
+            bar.add_task(description, total=total)
+            yield bar
+
+
+def print_error(err: KvctlError) -> None:
+    """Render a library error as ``Error: ...`` / ``Hint: ...`` on stderr (no markup parsing)."""
+    sys.stderr.write(f"Error: {err.cause}\n")
+    if err.hint:
+        sys.stderr.write(f"Hint: {err.hint}\n")
+    sys.stderr.flush()
