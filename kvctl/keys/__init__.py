@@ -1,0 +1,1 @@
+"""Prefix-chained KV block keys and engine profiles."""

@@ -1,0 +1,1 @@
+"""Embedded transfer engine: segments, metadata service, batched READ/WRITE transports."""
