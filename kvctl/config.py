@@ -167,7 +167,8 @@ def load_section(
                     f"config file {config_file}: unknown key {section}.{key}",
                     f"known keys of {section!r}: {', '.join(sorted(fields))}",
                 )
-            values[name] = _coerce(raw, hints[name], fields[name], f"{config_file}: {section}.{key}")
+            source = f"{config_file}: {section}.{key}"
+            values[name] = _coerce(raw, hints[name], fields[name], source)
 
     env_fields = {env_name(section, name): name for name in fields}
     section_prefix = f"{ENV_PREFIX}{section.upper()}_"

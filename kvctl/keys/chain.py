@@ -6,8 +6,8 @@ Only full blocks get keys. This is kvctl's own scheme; engine profiles live besi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from array import array
+from collections.abc import Sequence
 
 from kvctl.errors import UsageError
 

@@ -1,0 +1,1 @@
+"""Networking pieces shared by every kvctl listener: authentication and bind policy."""
