@@ -1,0 +1,117 @@
+"""``kvctl plan``: planners (``plan readback``: when reading KV back beats recomputing it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvctl.commands._common import JsonOpt, global_options
+from kvctl.config import redacted
+from kvctl.output import Output
+from kvctl.plan.readback import PlanSettings, ReadbackPlan, Winner, plan_readback
+
+app = typer.Typer(help="Planners: back-of-the-envelope answers.", no_args_is_help=True)
+
+
+@app.command("readback")
+def readback(
+    ctx: typer.Context,
+    model: Annotated[str | None, typer.Option(
+        help="Built-in model name (case-insensitive, e.g. llama-3-70b) or a config.json.",
+        show_default=False)] = None,
+    params: Annotated[int | None, typer.Option(
+        help="Parameters used per token (overrides the model's; MoE: activated).",
+        show_default=False)] = None,
+    prefill_tps: Annotated[float | None, typer.Option(
+        help="Prefill throughput, tokens/s.", show_default=False)] = None,
+    gpu_tflops: Annotated[float | None, typer.Option(
+        help="GPU peak TFLOP/s (instead of --prefill-tps): prefill ~= 2 x params FLOPs/token.",
+        show_default=False)] = None,
+    efficiency: Annotated[float | None, typer.Option(
+        help="Fraction of peak TFLOP/s prefill reaches. [default: 0.5]")] = None,
+    read_gbps: Annotated[float | None, typer.Option(
+        help="Read-back bandwidth, GB/s (decimal).", show_default=False)] = None,
+    bench_file: Annotated[Path | None, typer.Option(
+        help="Take the bandwidth from a 'kvctl bench transfer --json' result (fastest read "
+             "row).", show_default=False)] = None,
+    bench_size: Annotated[str | None, typer.Option(
+        help="Use the bench rows of this transfer size (e.g. 64KiB).",
+        show_default=False)] = None,
+    latency_us: Annotated[float | None, typer.Option(
+        help="Fixed cost of one read-back (lookup, setup), microseconds. [default: 0]")] = None,
+    prefix_tokens: Annotated[str | None, typer.Option(
+        help="Prefix lengths to compare, tokens, comma-separated. "
+             "[default: 256,1024,4096,16384,65536]")] = None,
+    sessions: Annotated[int | None, typer.Option(
+        help="Capacity view: sessions to keep (with --context-tokens).",
+        show_default=False)] = None,
+    context_tokens: Annotated[int | None, typer.Option(
+        help="Capacity view: tokens per session.", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare recomputing a prefix with reading its KV back, and size the KV on SSD.
+
+    Per prefix length: recompute time, read-back time, speedup and which side is faster.
+
+    Then the break-even prefix length and bandwidth, and with --sessions and
+    --context-tokens, the bytes those contexts' KV take.
+
+    Example: kvctl plan readback --model llama-3-70b --prefill-tps 5000 --read-gbps 20
+    """
+    opts = global_options(ctx)
+    settings = opts.settings(
+        PlanSettings, model=model, params=params, prefill_tps=prefill_tps,
+        gpu_tflops=gpu_tflops, efficiency=efficiency, read_gbps=read_gbps,
+        bench_file=bench_file, bench_size=bench_size, latency_us=latency_us,
+        prefix_tokens=prefix_tokens, sessions=sessions, context_tokens=context_tokens,
+    )
+    out = opts.output(json_mode=json_out)
+    plan = plan_readback(settings)
+    if json_out:
+        out.emit_json("plan-readback", {"settings": redacted(settings), **vars(plan)})
+        return
+    _render(out, plan)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f}"
+
+
+def _render(out: Output, plan: ReadbackPlan) -> None:
+    params = "" if plan.active_params is None else f", {plan.active_params / 1e9:.1f}B params"
+    out.print(
+        f"Model {plan.model}: {plan.kv_bytes_per_token:,} bytes "
+        f"({plan.kv_bytes_per_token / 1024:g} KiB) of KV per token{params}"
+    )
+    out.print(f"Prefill: {plan.prefill_tokens_per_s:,.0f} tokens/s (from {plan.prefill_source})")
+    out.print(
+        f"Read back: {plan.read_gbps:g} GB/s (from {plan.read_source}), fixed cost "
+        f"{plan.latency_us:g} us per read-back"
+    )
+    table = Table(title="Recompute or read back?")
+    for name in ("prefix tokens", "KV MiB", "recompute ms", "read back ms", "speedup",
+                 "faster"):
+        table.add_column(name, justify="right" if name != "faster" else "left")
+    for case in plan.cases:
+        faster = {
+            Winner.READ_BACK: "[green]read back[/green]",
+            Winner.RECOMPUTE: "[yellow]recompute[/yellow]",
+            Winner.TIE: "tie",
+        }[case.winner]
+        table.add_row(f"{case.prefix_tokens:,}", f"{case.kv_bytes / 2**20:,.1f}",
+                      _ms(case.recompute_s), _ms(case.readback_s), f"{case.speedup:.2f}x",
+                      faster)
+    out.print(table)
+    out.print(f"Break-even: {plan.break_even.summary}.")
+    if plan.capacity is not None:
+        cap = plan.capacity
+        out.print(
+            f"SSD capacity: {cap.sessions:,} sessions x {cap.context_tokens:,} tokens = "
+            f"{cap.tokens:,} tokens -> {cap.kv_bytes:,} bytes = {cap.gb:,.1f} GB (decimal, "
+            f"10^9 B) = {cap.gib:,.1f} GiB (binary, 2^30 B)"
+        )
+    for assumption in plan.assumptions:
+        out.print(f"Assumes {assumption}.")

@@ -1,0 +1,1 @@
+"""Planners: back-of-the-envelope answers from model shapes and measured rates."""

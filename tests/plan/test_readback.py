@@ -1,0 +1,198 @@
+"""``kvctl plan readback``: the arithmetic by hand, the bench file shape, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvctl.errors import UsageError
+from kvctl.models import resolve_model
+from kvctl.plan.bandwidth import read_bench_file
+from kvctl.plan.readback import (
+    PlanSettings,
+    Winner,
+    break_even,
+    capacity,
+    compare,
+    plan_readback,
+)
+
+KVB_70B = 80 * 8 * 128 * 2 * 2  # 327,680 bytes = 320 KiB
+
+
+def test_compare_by_hand() -> None:
+    case = compare(1000, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20)
+    assert case.kv_bytes == 327_680_000
+    assert case.recompute_s == pytest.approx(0.2)  # 1000 / 5000
+    assert case.readback_s == pytest.approx(0.016384)  # 327.68 MB / 20 GB/s
+    assert case.speedup == pytest.approx(0.2 / 0.016384)
+    assert case.winner is Winner.READ_BACK
+    slow = compare(1000, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=1)
+    assert slow.readback_s == pytest.approx(0.32768)
+    assert slow.winner is Winner.RECOMPUTE
+    tie = compare(1000, kv_bytes_per_token=1_000_000, prefill_tokens_per_s=1000, read_gbps=1)
+    assert tie.winner is Winner.TIE
+    assert tie.speedup == pytest.approx(1.0)
+
+
+def test_break_even_by_hand() -> None:
+    # per token: recompute 200 us, read 16.384 us -> 500 us fixed cost repaid after 2.72 tokens
+    be = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
+                    latency_us=500)
+    assert be.prefix_tokens == 3
+    assert be.read_gbps == pytest.approx(1.6384)  # 327,680 B x 5000/s
+    # 100 ms fixed cost: 0.1 / (200e-6 - 16.384e-6) = 544.6 -> 545 tokens
+    be = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
+                    latency_us=100_000)
+    assert be.prefix_tokens == 545
+    at_545 = compare(545, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
+                     latency_us=100_000)
+    at_544 = compare(544, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
+                     latency_us=100_000)
+    assert at_545.winner is Winner.READ_BACK
+    assert at_544.winner is Winner.RECOMPUTE
+    never = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=1.5)
+    assert never.prefix_tokens is None
+    assert "never wins" in never.summary
+    always = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=2)
+    assert always.prefix_tokens == 0
+    assert "every prefix length" in always.summary
+
+
+def test_capacity_million_tokens_of_70b() -> None:
+    view = capacity(resolve_model("llama-3-70b"), 1000, 1000)
+    assert view.tokens == 1_000_000
+    assert view.kv_bytes == 327_680_000_000
+    assert view.gb == pytest.approx(327.68)  # decimal GB
+    assert view.gib == pytest.approx(305.18, abs=0.01)  # binary GiB
+
+
+def test_gpu_tflops_mode_uses_two_flops_per_param() -> None:
+    plan = plan_readback(PlanSettings(model="llama-3-8b", gpu_tflops=1000, efficiency=0.5,
+                                      read_gbps=10, prefix_tokens=(4096,)))
+    assert plan.prefill_tokens_per_s == pytest.approx(1000e12 * 0.5 / (2 * 8.03e9))
+    moe = plan_readback(PlanSettings(model="deepseek-v3", gpu_tflops=1000, read_gbps=10))
+    assert moe.prefill_tokens_per_s == pytest.approx(1000e12 * 0.5 / (2 * 37e9))  # activated
+
+
+def write_bench(tmp_path: Path, doc: Any) -> Path:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_bench_file_picks_fastest_read_row(tmp_path: Path) -> None:
+    doc = {"schema_version": 1, "kind": "bench-transfer", "rows": [
+        {"op": "read", "size_bytes": 65536, "gbps": 8.5},
+        {"op": "READ", "size_bytes": 1048576, "gbps": 21.0},
+        {"op": "write", "size_bytes": 1048576, "gbps": 40.0},
+    ]}
+    path = write_bench(tmp_path, doc)
+    bw = read_bench_file(path)
+    assert bw.gbps == 21.0
+    assert "row 1" in bw.source
+    assert "1 MiB" in bw.source
+    assert read_bench_file(path, size_bytes=65536).gbps == 8.5
+    with pytest.raises(UsageError, match="no read rows of size_bytes 4096"):
+        read_bench_file(path, size_bytes=4096)
+    bare = write_bench(tmp_path, [{"gbps": 3}, {"gbps": 4.5}])  # bare list, no op
+    assert read_bench_file(bare).gbps == 4.5
+
+
+@pytest.mark.parametrize(
+    ("doc", "match"),
+    [
+        ({"rows": []}, "no 'rows' list"),
+        ({"results": [{"gbps": 1}]}, "no 'rows' list"),
+        ({"rows": [{"gbps": "fast"}]}, "row 0 has gbps 'fast'"),
+        ({"rows": [{"op": "read", "gbps": -1}]}, "expected a positive number"),
+        ({"rows": [{"op": "write", "gbps": 3}]}, "no read rows"),
+        ({"rows": [3]}, "row 0 is not an object"),
+    ],
+)
+def test_bad_bench_files(tmp_path: Path, doc: Any, match: str) -> None:
+    with pytest.raises(UsageError, match=match) as info:
+        read_bench_file(write_bench(tmp_path, doc))
+    assert info.value.hint
+
+
+def test_cli_json_schema(kvctl: Callable[..., Any]) -> None:
+    r = kvctl("plan", "readback", "--model", "LLAMA-3-70B", "--prefill-tps", "5000",
+              "--read-gbps", "20", "--prefix-tokens", "1000,4000", "--latency-us", "500",
+              "--sessions", "1000", "--context-tokens", "1000", "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    assert doc["kind"] == "plan-readback"
+    assert "schema_version" in doc
+    assert doc["kv_bytes_per_token"] == KVB_70B
+    assert [c["prefix_tokens"] for c in doc["cases"]] == [1000, 4000]
+    first = doc["cases"][0]
+    assert first["recompute_s"] == pytest.approx(0.2)
+    assert first["readback_s"] == pytest.approx(0.016384 + 0.0005)
+    assert first["winner"] == "read-back"
+    assert doc["break_even"]["prefix_tokens"] == 3
+    assert doc["capacity"]["kv_bytes"] == 327_680_000_000
+    assert doc["assumptions"]
+    assert doc["read_source"] == "--read-gbps"
+
+
+def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Path) -> None:
+    bench = write_bench(tmp_path, {"rows": [{"op": "read", "size_bytes": 4096, "gbps": 1.0}]})
+    r = kvctl("plan", "readback", "--model", "llama-3-70b", "--prefill-tps", "5000",
+              "--bench-file", str(bench), "--sessions", "10", "--context-tokens", "100000")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.count("│ recompute │") == 5
+    assert "│ read back │" not in r.stdout
+    assert "never wins" in r.stdout
+    assert "327.7 GB (decimal" in r.stdout
+    assert "GiB (binary" in r.stdout
+    assert "2 x params" not in r.stdout  # the FLOPs approximation is not used here
+    flops = kvctl("plan", "readback", "--model", "llama-3-70b", "--gpu-tflops", "989",
+                  "--read-gbps", "50")
+    assert "Assumes prefill FLOPs ~= 2 x params per token" in flops.stdout
+    assert flops.stdout.count("│ read back │") == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "no model given"),
+        (("--model", "gpt-17", "--prefill-tps", "1", "--read-gbps", "1"), "Llama-3-70B"),
+        (("--model", "llama-3-8b", "--read-gbps", "1"), "no prefill rate"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--gpu-tflops", "1",
+          "--read-gbps", "1"), "both --prefill-tps and --gpu-tflops"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1"), "no read-back bandwidth"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "0"),
+         "--read-gbps 0.0 is not a positive number"),
+        (("--model", "llama-3-8b", "--gpu-tflops", "100", "--efficiency", "2",
+          "--read-gbps", "1"), "--efficiency 2.0 is outside"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "1",
+          "--prefix-tokens", "10,zero"), "--prefix-tokens"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "1",
+          "--sessions", "10"), "needs both --sessions and --context-tokens"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--bench-file", "/nonexistent.json"),
+         "cannot read bench result"),
+    ],
+)
+def test_cli_bad_input_exits_2(
+    kvctl: Callable[..., Any], args: tuple[str, ...], message: str
+) -> None:
+    r = kvctl("plan", "readback", *args)
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert r.stderr.startswith("Error: ")
+    assert "\nHint: " in r.stderr
+    assert message in r.stderr
+
+
+def test_no_fixed_cost_means_one_side_wins_everywhere() -> None:
+    plan = plan_readback(PlanSettings(model="qwen2.5-7b", prefill_tps=10_000, read_gbps=5,
+                                      prefix_tokens=(16, 1 << 20)))
+    # 57,344 B/token: 11.5 us to read vs 100 us to recompute, at every length
+    assert {c.winner for c in plan.cases} == {Winner.READ_BACK}
+    assert all(math.isclose(c.speedup, 100e-6 / (57344 / 5e9)) for c in plan.cases)
+    assert plan.break_even.prefix_tokens == 0
