@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.cli", "tests.fixtures.servers"]
+pytest_plugins = ["tests.fixtures.cli", "tests.fixtures.servers", "tests.fixtures.sysfs"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,148 @@
+"""Which NIC should move a buffer's bytes: NICs ranked for a location (``cuda:N``/``cpu:N``).
+
+The order is: ACTIVE ports first (a port that is not ACTIVE is listed but never preferred;
+an unknown state ranks after ACTIVE and before DOWN), then the path class (PIX before PXB
+before PHB before NODE before SYS), then the same NUMA node before another, then the higher
+link rate, then the name. For ``cpu:N`` the class is NODE for a NIC on node N and SYS
+otherwise.
+
+The transfer engine calls :func:`preferred_nics` to pick NICs for a registered buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kvctl.errors import NotFoundError, UsageError
+from kvctl.topo.model import LinkClass, Nic, NicKind, PortState, Topology
+
+_STATE_ORDER = {PortState.ACTIVE: 0, PortState.UNKNOWN: 1, PortState.DOWN: 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankedNic:
+    """One NIC as seen from a location.
+
+    Attributes:
+        name: NIC name (``mlx5_0`` or a netdev).
+        kind: RDMA or Ethernet.
+        link_class: path class from the location to the NIC.
+        same_numa: whether the NIC is on the location's (known) NUMA node.
+        rate_gbps: NIC link rate in Gb/s (decimal), ``None`` when unknown.
+        state: port state (ACTIVE when any port is).
+    """
+
+    name: str
+    kind: NicKind
+    link_class: LinkClass
+    same_numa: bool
+    rate_gbps: float | None
+    state: PortState
+
+    def sort_key(self) -> tuple[int, int, int, float, str]:
+        """The ranking key (lower is better)."""
+        return (
+            _STATE_ORDER[self.state],
+            self.link_class.order,
+            0 if self.same_numa else 1,
+            -(self.rate_gbps or 0.0),
+            self.name,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+    """A parsed buffer location: ``cuda:N`` (GPU N in PCI order) or ``cpu:N`` (NUMA node N)."""
+
+    device: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.device}:{self.index}"
+
+
+def parse_location(topology: Topology, location: str) -> Location:
+    """Parse and check ``location`` against ``topology``.
+
+    Raises:
+        UsageError: not of the form ``cuda:N`` or ``cpu:N``.
+        NotFoundError: no such GPU or NUMA node on this host.
+    """
+    device, sep, index_text = location.strip().partition(":")
+    if not sep or device not in ("cuda", "cpu") or not index_text.isdigit():
+        raise UsageError(
+            f"location {location!r} is not cuda:N or cpu:N",
+            "write cuda:0 for GPU 0 (PCI bus order) or cpu:0 for NUMA node 0",
+        )
+    index = int(index_text)
+    if device == "cuda":
+        if index >= len(topology.gpus):
+            known = ", ".join(g.location for g in topology.gpus) or "none"
+            raise NotFoundError(f"no GPU for location {location!r}", f"GPUs here: {known}")
+    else:
+        nodes = [n.node for n in topology.numa_nodes] or [0]
+        if index not in nodes:
+            known = ", ".join(f"cpu:{n}" for n in nodes)
+            raise NotFoundError(f"no NUMA node for location {location!r}",
+                                f"NUMA nodes here: {known}")
+    return Location(device, index)
+
+
+def rank_nics(
+    topology: Topology, location: str, *, kind: NicKind | None = None
+) -> list[RankedNic]:
+    """Every NIC (of ``kind``, or all), best first, as seen from ``location``."""
+    where = parse_location(topology, location)
+    ranked: list[RankedNic] = []
+    for nic in topology.nics:
+        if kind is not None and nic.kind is not kind:
+            continue
+        if where.device == "cuda":
+            gpu = topology.gpus[where.index]
+            link_class = topology.gpu_nic[gpu.name][nic.name]
+            numa = gpu.numa_node
+        else:
+            numa = where.index if topology.numa_nodes else None
+            same = numa is not None and nic.numa_node == numa
+            link_class = LinkClass.NODE if same else LinkClass.SYS
+        ranked.append(
+            RankedNic(
+                name=nic.name,
+                kind=nic.kind,
+                link_class=link_class,
+                same_numa=numa is not None and nic.numa_node == numa,
+                rate_gbps=nic.rate_gbps,
+                state=nic.state,
+            )
+        )
+    ranked.sort(key=RankedNic.sort_key)
+    return ranked
+
+
+def preferred_nics(topology: Topology, location: str, *, kind: NicKind | None = None
+                   ) -> list[str]:
+    """NIC names for a buffer at ``location`` (``cuda:N`` / ``cpu:N``), best first.
+
+    Every NIC is listed; NICs whose ports are not ACTIVE come last.
+
+    Raises:
+        UsageError: ``location`` is malformed.
+        NotFoundError: no such GPU or NUMA node.
+    """
+    return [r.name for r in rank_nics(topology, location, kind=kind)]
+
+
+def best_nics(topology: Topology, location: str, *, kind: NicKind | None = None) -> list[str]:
+    """The ACTIVE NICs tied for first place (same class, NUMA match and rate); may be empty."""
+    ranked = [r for r in rank_nics(topology, location, kind=kind)
+              if r.state is PortState.ACTIVE]
+    if not ranked:
+        return []
+    top = ranked[0].sort_key()[:4]
+    return [r.name for r in ranked if r.sort_key()[:4] == top]
+
+
+def nic_ports(nic: Nic) -> list[int]:
+    """Port numbers to use on ``nic``: its ACTIVE ports, else all of them."""
+    active = [p.port for p in nic.active_ports]
+    return active or [p.port for p in nic.ports]
