@@ -1,0 +1,263 @@
+"""``kvctl verify-keys``: do all instances compute the same prefix-chained block keys?"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvctl.commands._common import JsonOpt, global_options
+from kvctl.errors import ExitCode
+from kvctl.keys.compare import Comparison, compare
+from kvctl.keys.manifest import (
+    Manifest,
+    config_from_settings,
+    emit,
+    manifest_to_json,
+    read_manifest,
+    write_manifest,
+)
+from kvctl.keys.profiles import KeyConfig, known_profiles
+from kvctl.keys.prompts import load_tokenizer, read_prompts
+from kvctl.keys.selfcheck import CheckResult, self_check, tenant_isolation
+from kvctl.keys.settings import KeysSettings
+from kvctl.output import Output
+
+app = typer.Typer(help="Check that every instance names KV blocks with the same keys.",
+                  no_args_is_help=False)
+
+ProfileOpt = Annotated[str | None, typer.Option(
+    "--profile", help="Key profile, e.g. vllm:sha256_cbor (see 'verify-keys profiles').",
+    show_default=False)]
+BlockSizeOpt = Annotated[int | None, typer.Option(
+    "--block-size", help="Tokens per block (default: the profile's).", show_default=False)]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="Model id.", show_default=False)]
+RevisionOpt = Annotated[str | None, typer.Option("--revision", help="Model revision.",
+                                                 show_default=False)]
+TenantOpt = Annotated[str | None, typer.Option("--tenant", help="Tenant id.",
+                                               show_default=False)]
+KvDtypeOpt = Annotated[str | None, typer.Option("--kv-dtype", help="KV cache dtype.",
+                                                show_default=False)]
+KvLayoutOpt = Annotated[str | None, typer.Option("--kv-layout", help="KV cache layout.",
+                                                 show_default=False)]
+LoraNameOpt = Annotated[str | None, typer.Option(
+    "--lora-name", help="LoRA adapter for prompts that name none.", show_default=False)]
+LoraPathOpt = Annotated[str | None, typer.Option("--lora-path", help="That adapter's path.",
+                                                 show_default=False)]
+SeedFieldOpt = Annotated[list[str] | None, typer.Option(
+    "--seed-field", help="Extra seed field NAME=VALUE (repeatable).", show_default=False)]
+WorldSizeOpt = Annotated[int | None, typer.Option(
+    "--world-size", help="LMCache key field.", show_default=False)]
+WorkerIdOpt = Annotated[int | None, typer.Option(
+    "--worker-id", help="LMCache key field.", show_default=False)]
+TpRankOpt = Annotated[int | None, typer.Option(
+    "--tp-rank", help="Tensor-parallel rank (Mooncake keys).", show_default=False)]
+KeyFormatOpt = Annotated[str | None, typer.Option(
+    "--key-format", help="raw (engine key) or mooncake (Mooncake object key).",
+    show_default=False)]
+StorePrefixOpt = Annotated[str | None, typer.Option(
+    "--store-prefix", help="vLLM Mooncake cache_prefix / SGLang extra_backend_tag.",
+    show_default=False)]
+
+
+def _config(ctx: typer.Context, extra: list[str] | None, **flags: object) -> KeyConfig:
+    settings = global_options(ctx).settings(KeysSettings, **flags)
+    return config_from_settings(settings, extra_fields=extra or [])
+
+
+def _checks_table(out: Output, title: str, results: list[CheckResult]) -> None:
+    table = Table(title=title)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail")
+    for r in results:
+        table.add_row(r.name, "[green]pass[/green]" if r.passed else "[red]FAIL[/red]",
+                      r.detail)
+    out.print(table)
+
+
+@app.callback(invoke_without_command=True)
+def verify_keys(
+    ctx: typer.Context,
+    profile: ProfileOpt = None,
+    block_size: BlockSizeOpt = None,
+    model: ModelOpt = None,
+    revision: RevisionOpt = None,
+    tenant: TenantOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    kv_layout: KvLayoutOpt = None,
+    seed_field: SeedFieldOpt = None,
+    tenant_isolation_check: Annotated[bool, typer.Option(
+        "--tenant-isolation", help="Also check that two tenants' keys share nothing.")] = False,
+    tenants: Annotated[str, typer.Option(
+        "--tenants", help="Comma-separated tenants for --tenant-isolation.")] = "tenant-a,tenant-b",
+    json_out: JsonOpt = False,
+) -> None:
+    """Self-check the key scheme in use on built-in sample prompts.
+
+    Same prefix gives the same keys; a change at token t changes every key from t's block
+    on and none before; a different seed setting changes every key; partial blocks have no
+    key. Exit 1 when a check fails.
+
+    Example: kvctl verify-keys --profile vllm:sha256_cbor --tenant-isolation
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    out = global_options(ctx).output(json_mode=json_out)
+    config = _config(ctx, seed_field, profile=profile, block_size=block_size, model=model,
+                     revision=revision, tenant=tenant, kv_dtype=kv_dtype, kv_layout=kv_layout)
+    # Engine profiles that write model and dtype into keys need some value to self-check.
+    fields = config.fields.replace(model=config.fields.model or "selfcheck-model",
+                                   kv_dtype=config.fields.kv_dtype or "bfloat16")
+    config = KeyConfig(**{**config.__dict__, "fields": fields})
+    results = self_check(config)
+    isolation = (tenant_isolation(config, [t.strip() for t in tenants.split(",") if t.strip()])
+                 if tenant_isolation_check else [])
+    ok = all(r.passed for r in results + isolation)
+    if json_out:
+        out.emit_json("keys.selfcheck", {"profile": config.profile,
+                                         "block_size": config.block_size, "ok": ok,
+                                         "checks": results, "tenant_isolation": isolation})
+    else:
+        _checks_table(out, f"key self-check: {config.profile}, block size {config.block_size}",
+                      results)
+        if isolation:
+            _checks_table(out, "tenant isolation", isolation)
+    if not ok:
+        raise typer.Exit(int(ExitCode.CHECK_FAILED))
+
+
+@app.command("profiles")
+def profiles(ctx: typer.Context, json_out: JsonOpt = False) -> None:
+    """List the key profiles: kvctl's own and the engines' reproduced schemes.
+
+    Example: kvctl verify-keys profiles
+    """
+    out = global_options(ctx).output(json_mode=json_out)
+    rows = [
+        {"name": p.name, "engine": p.engine, "engine_version": p.engine_version,
+         "default_block_size": p.default_block_size, "mixes": sorted(p.mixes),
+         "mooncake_key": bool(p.mooncake_mixes), "seed": p.seed_doc}
+        for p in known_profiles().values()
+    ]
+    if json_out:
+        out.emit_json("keys.profiles", {"profiles": rows})
+        return
+    table = Table(title="key profiles")
+    for col in ("profile", "engine", "block", "mixes into keys", "how the seed is built"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["name"]), f"{r['engine']} {r['engine_version']}",
+                      str(r["default_block_size"]), ", ".join(r["mixes"]),  # type: ignore[arg-type]
+                      str(r["seed"]))
+    out.print(table)
+
+
+@app.command("emit")
+def emit_cmd(
+    ctx: typer.Context,
+    prompts: Annotated[Path, typer.Option("--prompts", help="Prompts file (JSON lines).")],
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Manifest file to write (default: print it).",
+        show_default=False)] = None,
+    profile: ProfileOpt = None,
+    block_size: BlockSizeOpt = None,
+    model: ModelOpt = None,
+    revision: RevisionOpt = None,
+    tenant: TenantOpt = None,
+    kv_dtype: KvDtypeOpt = None,
+    kv_layout: KvLayoutOpt = None,
+    lora_name: LoraNameOpt = None,
+    lora_path: LoraPathOpt = None,
+    seed_field: SeedFieldOpt = None,
+    world_size: WorldSizeOpt = None,
+    worker_id: WorkerIdOpt = None,
+    tp_rank: TpRankOpt = None,
+    key_format: KeyFormatOpt = None,
+    store_prefix: StorePrefixOpt = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        "--tokenizer", help="Tokenizer (path or id) for prompts given as text.",
+        show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Write this instance's key manifest: settings fingerprint + every prompt's keys.
+
+    PYTHONHASHSEED is read from the environment exactly as the engine reads it.
+
+    Example: kvctl verify-keys emit --profile vllm:sha256_cbor --prompts p.jsonl -o host-a.json
+    """
+    out = global_options(ctx).output(json_mode=json_out)
+    config = _config(ctx, seed_field, profile=profile, block_size=block_size, model=model,
+                     revision=revision, tenant=tenant, kv_dtype=kv_dtype, kv_layout=kv_layout,
+                     lora_name=lora_name, lora_path=lora_path, world_size=world_size,
+                     worker_id=worker_id, tp_rank=tp_rank, key_format=key_format,
+                     store_prefix=store_prefix)
+    encode = load_tokenizer(tokenizer) if tokenizer else None
+    manifest = emit(config, read_prompts(prompts, tokenizer=encode))
+    if not manifest.seed.reproducible:
+        out.warn(f"PYTHONHASHSEED is unset and {config.profile} draws a random first link per "
+                 "process: these keys cannot match any other process")
+    if output is None:  # the manifest itself is the result: print it as JSON either way
+        out.emit_json("keys.manifest", manifest_to_json(manifest))
+        return
+    write_manifest(manifest, output)
+    summary = {"path": str(output), "fingerprint": manifest.fingerprint,
+               "profile": config.profile, "prompts": len(manifest.prompts),
+               "keys": sum(len(p.keys) for p in manifest.prompts),
+               "seed_source": manifest.seed.source}
+    if json_out:
+        out.emit_json("keys.emit", summary)
+    else:
+        out.print(f"wrote {output}: {summary['prompts']} prompts, {summary['keys']} keys, "
+                  f"profile {config.profile}, fingerprint {manifest.fingerprint}")
+
+
+def _render_comparison(out: Output, result: Comparison, manifests: list[Manifest]) -> None:
+    table = Table(title="key manifests")
+    for col in ("manifest", "profile", "block", "fingerprint", "seed"):
+        table.add_column(col)
+    for m in manifests:
+        table.add_row(Path(m.source).name, m.config.profile, str(m.config.block_size),
+                      m.fingerprint, m.seed.source)
+    out.print(table)
+    table = Table(title="per prompt")
+    for col in ("prompt", "pair", "result", "first diverging block", "why"):
+        table.add_column(col)
+    for r in result.results:
+        verdict = {"match": "[green]match[/green]", "mismatch": "[red]MISMATCH[/red]",
+                   "missing": "[red]MISSING[/red]"}[r.status]
+        why = "; ".join(f"{c.setting}: {c.a} vs {c.b} ({c.detail})" for c in r.causes)
+        if r.hazards:
+            why = "; ".join(f"[yellow]hazard[/yellow] {c.setting}: {c.a} vs {c.b} ({c.detail})"
+                            for c in r.hazards)
+        if r.status == "missing":
+            why = "prompt is in one manifest only"
+        first = "" if r.first_diverging_block is None else str(r.first_diverging_block)
+        table.add_row(r.prompt, f"{Path(r.a).name} / {Path(r.b).name}", verdict, first, why)
+    out.print(table)
+
+
+@app.command("compare")
+def compare_cmd(
+    ctx: typer.Context,
+    manifests: Annotated[list[Path], typer.Argument(help="Two or more manifests.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Compare manifests: first diverging block per prompt and pair, and why.
+
+    Exit 1 on any mismatch.
+
+    Example: kvctl verify-keys compare host-a.json host-b.json
+    """
+    out = global_options(ctx).output(json_mode=json_out)
+    loaded = [read_manifest(p) for p in manifests]
+    result = compare(loaded)
+    if json_out:
+        out.emit_json("keys.compare", {"ok": result.ok, "instances": result.instances,
+                                       "results": result.results})
+    else:
+        _render_comparison(out, result, loaded)
+    if not result.ok:
+        raise typer.Exit(int(ExitCode.CHECK_FAILED))
