@@ -10,18 +10,45 @@ are bytes (callers store JSON). ``get`` returns ``None`` for an absent key and r
 from __future__ import annotations
 
 import abc
+import dataclasses
 import urllib.parse
 from collections.abc import Callable
 from types import TracebackType
 from typing import NewType, Self
 
-from kvctl.errors import KvctlError, UsageError
+from kvctl.errors import ExitCode, KvctlError, UsageError
 
 LeaseId = NewType("LeaseId", int)
+
+#: Default time a client waits for one metadata request (connect + answer), in seconds.
+DEFAULT_TIMEOUT_S = 5.0
 
 
 class MetadataError(KvctlError):
     """The metadata service could not be reached or answered with an error."""
+
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class LeaseExpiredError(MetadataError):
+    """The service answered that a lease has expired or never existed (not a network failure).
+
+    Raised by ``keepalive`` and by ``put(..., lease=...)``; the fix is to grant a new lease and
+    publish again, which :class:`~kvctl.transfer.metadata.lease.LeaseKeeper` does on its own.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class MetadataOptions:
+    """How a backend connects, beyond its URL.
+
+    Attributes:
+        token: shared secret for kvctl's own HTTP server (``KVCTL_TOKEN``); never logged.
+        timeout_s: connect and per-request timeout, in seconds.
+    """
+
+    token: str | None = dataclasses.field(default=None, repr=False)
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 def key_prefix(cluster_id: str = "") -> str:
@@ -83,12 +110,12 @@ class MetadataClient(abc.ABC):
         self.close()
 
 
-BackendFactory = Callable[[urllib.parse.SplitResult, str], MetadataClient]
+BackendFactory = Callable[[urllib.parse.SplitResult, str, MetadataOptions], MetadataClient]
 _BACKENDS: dict[str, BackendFactory] = {}
 
 
 def register_backend(scheme: str) -> Callable[[BackendFactory], BackendFactory]:
-    """Decorator: make ``factory(parsed_url, raw_url)`` the backend for ``scheme://``."""
+    """Decorator: make ``factory(parsed_url, raw_url, options)`` the backend for ``scheme://``."""
 
     def decorate(factory: BackendFactory) -> BackendFactory:
         _BACKENDS[scheme] = factory
@@ -103,14 +130,32 @@ def known_schemes() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def open_metadata(url: str) -> MetadataClient:
+def open_metadata(
+    url: str, *, token: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> MetadataClient:
     """Open the metadata service named by ``url``.
+
+    Args:
+        url: ``memory://[name]``, ``file:///dir``, ``http://host:port``,
+            ``etcd://host:2379[,host2:2379]`` or ``redis://[:password@]host:6379[/db]``.
+        token: shared secret signing every request to kvctl's HTTP server (ignored by the
+            other backends).
+        timeout_s: connect and per-request timeout, in seconds.
+
+    Opening does not contact the service: the first call does, and raises
+    :class:`MetadataError` (naming the URL, with a hint) when it cannot be reached.
 
     Raises:
         UsageError: the URL is malformed or its scheme unknown (the hint lists known ones).
     """
+    if timeout_s <= 0:
+        raise UsageError(f"metadata timeout {timeout_s} s is not positive", "use e.g. 5s")
     _load_builtin_backends()
-    parsed = urllib.parse.urlsplit(url)
+    try:
+        parsed = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise UsageError(f"metadata URL {url!r} is malformed: {exc}",
+                         "write e.g. http://127.0.0.1:8080 or etcd://10.0.0.1:2379") from None
     if not parsed.scheme:
         raise UsageError(
             f"metadata URL {url!r} has no scheme",
@@ -123,9 +168,57 @@ def open_metadata(url: str) -> MetadataClient:
             f"unknown metadata scheme {parsed.scheme!r} in {url!r}",
             f"known schemes: {', '.join(sorted(_BACKENDS))}",
         )
-    return factory(parsed, url)
+    return factory(parsed, url, MetadataOptions(token=token, timeout_s=timeout_s))
+
+
+def split_endpoints(
+    parsed: urllib.parse.SplitResult, url: str, *, default_port: int | None
+) -> list[tuple[str, int]]:
+    """The ``host:port`` endpoints of a URL's network location (comma-separated for etcd).
+
+    Args:
+        default_port: port used when one is not written, or ``None`` when it is required.
+
+    Raises:
+        UsageError: a host is missing or a port is not a number in 1..65535.
+    """
+    netloc = parsed.netloc.rpartition("@")[2]
+    example = f"{parsed.scheme}://127.0.0.1:{default_port or 8080}"
+    if not netloc:
+        raise UsageError(f"metadata URL {url!r} names no host", f"write e.g. {example}")
+    endpoints: list[tuple[str, int]] = []
+    for part in netloc.split(","):
+        part = part.strip()
+        if part.startswith("["):  # [IPv6]:port
+            host, _, rest = part[1:].partition("]")
+            port_text = rest[1:] if rest.startswith(":") else rest
+        else:
+            host, sep, port_text = part.rpartition(":")
+            if not sep:
+                host, port_text = part, ""
+        if not host:
+            raise UsageError(f"metadata URL {url!r} has an endpoint without a host",
+                             f"write e.g. {example}")
+        if not port_text:
+            if default_port is None:
+                raise UsageError(f"metadata URL {url!r} has no port for {host}",
+                                 f"write e.g. {example}")
+            port = default_port
+        elif port_text.isdigit() and 0 < int(port_text) <= 65535:
+            port = int(port_text)
+        else:
+            raise UsageError(f"metadata URL {url!r} has a bad port {port_text!r}",
+                             "use a port number from 1 to 65535")
+        endpoints.append((host, port))
+    return endpoints
 
 
 def _load_builtin_backends() -> None:
     # Importing the modules registers them; each imports its client library lazily.
-    from kvctl.transfer.metadata import memory  # noqa: F401
+    from kvctl.transfer.metadata import (  # noqa: F401
+        etcd,
+        file,
+        http_backend,
+        memory,
+        redis_backend,
+    )

@@ -1,17 +1,27 @@
 """``memory://``: an in-process metadata service (one process; tests and embedded use).
 
 Every ``memory://NAME`` URL in a process shares one store per NAME, so an engine and the
-target it spawned in a thread see each other. Leases expire on a monotonic clock.
+target it spawned in a thread see each other. Leases expire on a monotonic clock. Lease ids
+are random 62-bit numbers, so a client holding a lease from an earlier store (e.g. before the
+HTTP server that embeds one restarted) never renews somebody else's lease by accident.
 """
 
 from __future__ import annotations
 
-import itertools
+import secrets
 import threading
 import time
 import urllib.parse
+from typing import Self
 
-from kvctl.transfer.metadata.base import LeaseId, MetadataClient, MetadataError, register_backend
+from kvctl.errors import UsageError
+from kvctl.transfer.metadata.base import (
+    LeaseExpiredError,
+    LeaseId,
+    MetadataClient,
+    MetadataOptions,
+    register_backend,
+)
 
 
 class _Store:
@@ -19,7 +29,12 @@ class _Store:
         self.lock = threading.Lock()
         self.data: dict[str, tuple[bytes, LeaseId | None]] = {}
         self.leases: dict[LeaseId, tuple[float, float]] = {}  # id -> (ttl_s, deadline)
-        self.ids = itertools.count(1)
+
+    def new_lease_id(self) -> LeaseId:
+        while True:
+            lid = LeaseId(secrets.randbits(62) + 1)
+            if lid not in self.leases:
+                return lid
 
     def expire(self, now: float) -> None:
         dead = {lid for lid, (_, deadline) in self.leases.items() if deadline <= now}
@@ -44,6 +59,15 @@ class MemoryMetadata(MetadataClient):
             self._store = _STORES.setdefault(name, _Store())
         self._closed = False
 
+    @classmethod
+    def private(cls) -> Self:
+        """A client on a fresh store shared with nobody (e.g. the state of one HTTP server)."""
+        client = cls.__new__(cls)
+        client.url = "memory://(private)"
+        client._store = _Store()
+        client._closed = False
+        return client
+
     def _now(self) -> float:
         return time.monotonic()
 
@@ -51,7 +75,7 @@ class MemoryMetadata(MetadataClient):
         with self._store.lock:
             self._store.expire(self._now())
             if lease is not None and lease not in self._store.leases:
-                raise MetadataError(f"lease {lease} has expired or never existed",
+                raise LeaseExpiredError(f"lease {lease} has expired or never existed",
                                     "grant a new lease and publish again")
             self._store.data[key] = (bytes(value), lease)
 
@@ -68,13 +92,14 @@ class MemoryMetadata(MetadataClient):
 
     def delete(self, key: str) -> bool:
         with self._store.lock:
+            self._store.expire(self._now())
             return self._store.data.pop(key, None) is not None
 
     def grant_lease(self, ttl_s: float) -> LeaseId:
         if ttl_s <= 0:
-            raise MetadataError(f"lease TTL {ttl_s} s is not positive", "use a TTL above 0 s")
+            raise UsageError(f"lease TTL {ttl_s} s is not positive", "use a TTL above 0 s")
         with self._store.lock:
-            lid = LeaseId(next(self._store.ids))
+            lid = self._store.new_lease_id()
             self._store.leases[lid] = (ttl_s, self._now() + ttl_s)
             return lid
 
@@ -82,7 +107,8 @@ class MemoryMetadata(MetadataClient):
         with self._store.lock:
             self._store.expire(self._now())
             if lease not in self._store.leases:
-                raise MetadataError(f"lease {lease} has expired", "grant a new lease and republish")
+                raise LeaseExpiredError(f"lease {lease} has expired",
+                                        "grant a new lease and republish")
             ttl, _ = self._store.leases[lease]
             self._store.leases[lease] = (ttl, self._now() + ttl)
 
@@ -97,5 +123,5 @@ class MemoryMetadata(MetadataClient):
 
 
 @register_backend("memory")
-def _open(parsed: urllib.parse.SplitResult, url: str) -> MetadataClient:
+def _open(parsed: urllib.parse.SplitResult, url: str, options: MetadataOptions) -> MetadataClient:
     return MemoryMetadata(parsed.netloc + parsed.path)

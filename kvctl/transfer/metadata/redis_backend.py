@@ -1,0 +1,251 @@
+"""``redis://[[user]:password@]host:6379[/db]``: leased entries in Redis (redis-py).
+
+Redis has no leases, so they are built from key expiry, with no sweeper on the server:
+
+- an entry ``kvctl/x`` lives in the hash ``kvctl:e:kvctl/x`` = ``{v: value, l: lease id}``;
+- a lease lives in the hash ``kvctl:l:<id>`` = ``{ttl: ms, "k:<entry>": 1, ...}`` whose
+  fields name the entries put under it;
+- putting under a lease sets the entry's PEXPIRE to the lease's remaining time, and keepalive
+  resets the PEXPIRE of the lease and of every entry still bound to it, so when the keepalives
+  stop everything disappears on its own after the TTL.
+
+Each of put, grant, keepalive and revoke is one Lua script, hence atomic. Prefix listing uses
+SCAN (never KEYS). Lease ids are random 62-bit numbers, so a client that held a lease before
+the server restarted cannot renew another client's lease. Scripts touch keys computed at run
+time, which Redis Cluster does not allow: use a standalone Redis (or one with replicas).
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import urllib.parse
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kvctl.errors import UnavailableError, UsageError
+from kvctl.transfer.metadata.base import (
+    LeaseExpiredError,
+    LeaseId,
+    MetadataClient,
+    MetadataError,
+    MetadataOptions,
+    register_backend,
+    split_endpoints,
+)
+
+if TYPE_CHECKING:
+    import redis
+
+T = TypeVar("T")
+
+ENTRY_PREFIX = "kvctl:e:"
+LEASE_PREFIX = "kvctl:l:"
+_SCAN_COUNT = 1000
+
+# KEYS[1] entry; ARGV[1] value; with a lease also KEYS[2] lease hash and ARGV[2] lease id.
+_PUT = """
+local entry = KEYS[1]
+if #KEYS == 1 then
+  redis.call('DEL', entry)
+  redis.call('HSET', entry, 'v', ARGV[1])
+  return 1
+end
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl <= 0 then return 0 end
+redis.call('DEL', entry)
+redis.call('HSET', entry, 'v', ARGV[1], 'l', ARGV[2])
+redis.call('PEXPIRE', entry, ttl)
+redis.call('HSET', KEYS[2], 'k:' .. entry, '1')
+return 1
+"""
+
+# KEYS[1] lease hash; ARGV[1] ttl in ms. 0 when the id is taken.
+_GRANT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'ttl', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"""
+
+# KEYS[1] lease hash; ARGV[1] lease id. -1 when the lease is gone, else entries renewed.
+_KEEPALIVE = """
+local lease = KEYS[1]
+local ttl = tonumber(redis.call('HGET', lease, 'ttl'))
+if not ttl then return -1 end
+redis.call('PEXPIRE', lease, ttl)
+local renewed = 0
+for _, field in ipairs(redis.call('HKEYS', lease)) do
+  if string.sub(field, 1, 2) == 'k:' then
+    local entry = string.sub(field, 3)
+    if redis.call('HGET', entry, 'l') == ARGV[1] then
+      redis.call('PEXPIRE', entry, ttl)
+      renewed = renewed + 1
+    else
+      redis.call('HDEL', lease, field)
+    end
+  end
+end
+return renewed
+"""
+
+# KEYS[1] lease hash; ARGV[1] lease id. Deletes the entries still bound to the lease.
+_REVOKE = """
+local lease = KEYS[1]
+for _, field in ipairs(redis.call('HKEYS', lease)) do
+  if string.sub(field, 1, 2) == 'k:' then
+    local entry = string.sub(field, 3)
+    if redis.call('HGET', entry, 'l') == ARGV[1] then redis.call('DEL', entry) end
+  end
+end
+redis.call('DEL', lease)
+return 1
+"""
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+class RedisMetadata(MetadataClient):
+    """Leased entries in one Redis database. Thread-safe; ``close()`` is idempotent."""
+
+    def __init__(self, client: redis.Redis, url: str) -> None:
+        self.url = url
+        self._redis = client
+        self._scripts = {name: client.register_script(text) for name, text in
+                         (("put", _PUT), ("grant", _GRANT), ("keepalive", _KEEPALIVE),
+                          ("revoke", _REVOKE))}
+        self._closed = threading.Event()
+
+    def put(self, key: str, value: bytes, *, lease: LeaseId | None = None) -> None:
+        entry = ENTRY_PREFIX + key
+        if lease is None:
+            self._run("put", [entry], [bytes(value)])
+            return
+        done = self._run("put", [entry, f"{LEASE_PREFIX}{int(lease)}"],
+                         [bytes(value), str(int(lease))])
+        if not done:
+            raise LeaseExpiredError(f"lease {lease} in {self.url} has expired or never existed",
+                                    "grant a new lease and publish again")
+
+    def get(self, key: str) -> bytes | None:
+        value = self._do(lambda r: r.hget(ENTRY_PREFIX + key, "v"))
+        return None if value is None else _as_bytes(value)
+
+    def list(self, prefix: str) -> dict[str, bytes]:
+        pattern = _glob_escape(ENTRY_PREFIX + prefix) + "*"
+
+        def scan(r: redis.Redis) -> dict[str, bytes]:
+            names = sorted(set(r.scan_iter(match=pattern, count=_SCAN_COUNT)))
+            pipe = r.pipeline(transaction=False)
+            for name in names:
+                pipe.hget(name, "v")
+            values = pipe.execute()
+            found: dict[str, bytes] = {}
+            for name, value in zip(names, values, strict=True):
+                if value is not None:  # expired between SCAN and HGET
+                    raw = name.decode("utf-8", errors="replace")
+                    found[raw[len(ENTRY_PREFIX):]] = _as_bytes(value)
+            return found
+
+        return self._do(scan)
+
+    def delete(self, key: str) -> bool:
+        return bool(self._do(lambda r: r.delete(ENTRY_PREFIX + key)))
+
+    def grant_lease(self, ttl_s: float) -> LeaseId:
+        if not ttl_s > 0:
+            raise UsageError(f"lease TTL {ttl_s} s is not positive", "use a TTL above 0 s")
+        ttl_ms = max(1, round(ttl_s * 1000))
+        for _ in range(8):
+            lease = LeaseId(secrets.randbits(62) + 1)
+            if self._run("grant", [f"{LEASE_PREFIX}{lease}"], [ttl_ms]):
+                return lease
+        raise MetadataError(f"redis {self.url} kept refusing new lease ids",  # pragma: no cover
+                            "check for other writers under the kvctl:l: prefix")
+
+    def keepalive(self, lease: LeaseId) -> None:
+        renewed = self._run("keepalive", [f"{LEASE_PREFIX}{int(lease)}"], [str(int(lease))])
+        if int(renewed) < 0:
+            raise LeaseExpiredError(f"lease {lease} in {self.url} has expired",
+                                    "grant a new lease and republish")
+
+    def revoke(self, lease: LeaseId) -> None:
+        self._run("revoke", [f"{LEASE_PREFIX}{int(lease)}"], [str(int(lease))])
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._redis.close()
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self._do(lambda r: self._scripts[script](keys=keys, args=args, client=r))
+
+    def _do(self, call: Callable[[redis.Redis], T]) -> T:
+        import redis.exceptions as rex
+
+        if self._closed.is_set():
+            raise MetadataError(f"metadata client {self.url} is closed",
+                                "open a new client with open_metadata()")
+        try:
+            return call(self._redis)
+        except rex.AuthenticationError as exc:
+            raise MetadataError(f"redis {self.url} refused the credentials: {exc}",
+                                "put the right password in the URL: redis://:PASSWORD@HOST:PORT"
+                                ) from None
+        except (rex.ConnectionError, rex.TimeoutError) as exc:
+            raise MetadataError(
+                f"cannot reach redis at {self.url}: {exc}",
+                "check that redis-server is running and listening on that address",
+            ) from None
+        except rex.RedisError as exc:
+            raise MetadataError(f"redis {self.url} failed: {exc}",
+                                "check the redis server's log and that it is Redis 6.2 or later"
+                                ) from None
+
+
+def _connect(host: str, port: int, db: int, parsed: urllib.parse.SplitResult,
+             timeout_s: float) -> redis.Redis:
+    try:
+        import redis
+        from redis.backoff import ConstantBackoff
+        from redis.retry import Retry
+    except ImportError as exc:
+        raise UnavailableError(
+            f"redis:// metadata is unavailable: the redis package is missing ({exc})",
+            "install it with: pip install 'redis>=5'",
+        ) from None
+    return redis.Redis(
+        host=host, port=port, db=db,
+        username=urllib.parse.unquote(parsed.username) if parsed.username else None,
+        password=urllib.parse.unquote(parsed.password) if parsed.password else None,
+        socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+        # One quick retry on a fresh connection: after a server restart the pooled
+        # connections are dead, and the next call should just work.
+        retry=Retry(ConstantBackoff(0.05), 1),
+        health_check_interval=30,
+    )
+
+
+@register_backend("redis")
+def _open(parsed: urllib.parse.SplitResult, url: str, options: MetadataOptions) -> MetadataClient:
+    endpoints = split_endpoints(parsed, url, default_port=6379)
+    if len(endpoints) != 1:
+        raise UsageError(f"metadata URL {url!r} names several hosts",
+                         "redis:// takes one host: redis://HOST:6379[/DB]")
+    db_text = parsed.path.strip("/")
+    if db_text and not db_text.isdigit():
+        raise UsageError(f"metadata URL {url!r} has a bad database number {db_text!r}",
+                         "write redis://HOST:6379/0 (a number) or leave it out")
+    host, port = endpoints[0]
+    shown = url if parsed.password is None else url.replace(parsed.password, "***", 1)
+    client = _connect(host, port, int(db_text or 0), parsed, options.timeout_s)
+    return RedisMetadata(client, shown)
