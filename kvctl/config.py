@@ -193,6 +193,31 @@ def load_section(
     return cls(**values)
 
 
+def from_mapping(cls: type[T], data: Mapping[str, Any], source: str) -> T:
+    """Build dataclass ``cls`` from a mapping (a YAML block), validating every key and value.
+
+    Keys may use ``-`` or ``_``. Fields missing from ``data`` keep their defaults.
+
+    Raises:
+        ConfigError: an unknown key or a bad value, naming ``source`` and the key.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        name = str(key).replace("-", "_")
+        if name not in fields or not fields[name].init:
+            raise ConfigError(
+                f"{source}: unknown key {key!r}",
+                f"known keys: {', '.join(sorted(n for n, f in fields.items() if f.init))}",
+            )
+        values[name] = _coerce(raw, hints[name], fields[name], f"{source}: {key}")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {exc}", "check the required keys and their values") from None
+
+
 def redacted(settings: object) -> dict[str, Any]:
     """A settings dataclass as a dict with secret fields replaced by ``"***"``."""
     out: dict[str, Any] = {}

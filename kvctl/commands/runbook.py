@@ -1,0 +1,79 @@
+"""``kvctl runbook``: run a sequence of checks and print one verdict table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from kvctl.commands._common import JsonOpt, global_options
+from kvctl.errors import CheckFailedError
+from kvctl.runbook.model import Verdict, load_runbook, step_kinds
+from kvctl.runbook.runner import builtin_runbook, run_runbook
+
+_STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIP: "yellow"}
+
+
+def runbook(
+    ctx: typer.Context,
+    file: Annotated[
+        Path | None,
+        typer.Argument(help="Runbook YAML; without it, the built-in single-host runbook.",
+                       show_default=False),
+    ] = None,
+    list_checks: Annotated[
+        bool, typer.Option("--list-checks", help="List the check kinds a runbook can use.")
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Validate a host, a fabric and a cache in one run: every check with its measured value,
+    threshold and hint; exit 1 if any check failed.
+
+    With no file it runs the built-in single-host runbook on embedded defaults: topo doctor,
+    a short verified transfer sweep, a store smoke, a key self-check and a shared-pool
+    simulation summary. More runbooks live in examples/runbooks/.
+
+    Example: kvctl runbook examples/runbooks/single-host.yaml --json > report.json
+    """
+    opts = global_options(ctx)
+    out = opts.output(json_mode=json_out)
+    if list_checks:
+        kinds = step_kinds()
+        if json_out:
+            out.emit_json("runbook-checks", {"checks": {k: v.summary for k, v in kinds.items()}})
+        else:
+            table = Table(title="runbook checks")
+            table.add_column("check")
+            table.add_column("what it validates")
+            for name, kind in sorted(kinds.items()):
+                table.add_row(name, kind.summary)
+            out.print(table)
+        return
+    book = load_runbook(file) if file is not None else builtin_runbook()
+    with out.progress(f"runbook {book.name}", total=len(book.steps)) as bar:
+        def progress(message: str) -> None:
+            if message.endswith(": running"):
+                bar.update(bar.task_ids[0], description=message)
+                return
+            out.debug(message)
+
+        report = run_runbook(book, progress=progress)
+    if json_out:
+        out.emit_json("runbook", {"runbook": report.name, "passed": report.passed,
+                                  "duration_s": report.duration_s, "results": report.results})
+    else:
+        table = Table(title=f"runbook {report.name}: "
+                      f"{'PASSED' if report.passed else 'FAILED'} in {report.duration_s:.1f} s")
+        for column in ("check", "result", "measured", "threshold", "hint"):
+            table.add_column(column, overflow="fold")
+        for r in report.results:
+            style = _STYLE[r.verdict]
+            table.add_row(r.check, f"[{style}]{r.verdict.value}[/{style}]", r.measured,
+                          r.threshold, r.hint or "")
+        out.print(table)
+    if not report.passed:
+        failed = [r.check for r in report.results if r.verdict is Verdict.FAIL]
+        raise CheckFailedError(f"{len(failed)} check(s) failed: {', '.join(failed)}",
+                               "see the hint column of each failed check")

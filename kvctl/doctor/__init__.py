@@ -1,0 +1,1 @@
+"""Checks of the environment kvctl runs in (``kvctl doctor env``)."""

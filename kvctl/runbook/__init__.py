@@ -1,0 +1,1 @@
+"""Runbooks: a sequence of checks with thresholds and one verdict table."""

@@ -1,0 +1,172 @@
+"""Runbook files, check results and the step registry.
+
+A runbook is YAML::
+
+    name: single-host
+    description: what this validates
+    steps:
+      - check: topo-doctor          # a registered step kind
+        name: host wiring           # optional display name
+        fail_on: error              # step parameters, validated by the step's dataclass
+      - check: bench-transfer
+        transports: [shm, tcp]
+
+Unknown step kinds, unknown parameters and bad values are errors naming the file and the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import yaml
+
+from kvctl.config import from_mapping
+from kvctl.errors import ConfigError
+
+P = TypeVar("P")
+
+
+class Verdict(enum.StrEnum):
+    """Outcome of one check."""
+
+    PASS = "pass"  # noqa: S105 - a verdict, not a password
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+    """One row of the verdict table.
+
+    Attributes:
+        check: what was checked (step name, plus the configuration for sweeps).
+        verdict: pass, fail or skip (a skipped check names why in ``measured``).
+        measured: the measured value with its unit, for people.
+        threshold: what it was held to, for people (empty when the check is pass/fail only).
+        hint: how to fix a failure, or why a check was skipped.
+        details: machine-readable facts for the JSON report.
+        duration_s: wall time of the step that produced it, in seconds.
+    """
+
+    check: str
+    verdict: Verdict
+    measured: str = ""
+    threshold: str = ""
+    hint: str | None = None
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    duration_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """What every step may use: a scratch directory and a progress callback."""
+
+    workdir: Path
+    progress: Callable[[str], None] = lambda _msg: None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepKind(Generic[P]):
+    """A registered kind of check: its parameter dataclass and the function running it."""
+
+    name: str
+    summary: str
+    params: type[P]
+    run: Callable[[P, RunContext], list[CheckResult]]
+
+
+_STEPS: dict[str, StepKind[Any]] = {}
+
+
+def register_step(
+    name: str, params: type[P], summary: str
+) -> Callable[[Callable[[P, RunContext], list[CheckResult]]],
+              Callable[[P, RunContext], list[CheckResult]]]:
+    """Decorator registering ``fn(params, ctx) -> [CheckResult]`` as step kind ``name``."""
+
+    def decorate(
+        fn: Callable[[P, RunContext], list[CheckResult]],
+    ) -> Callable[[P, RunContext], list[CheckResult]]:
+        _STEPS[name] = StepKind(name, summary, params, fn)
+        return fn
+
+    return decorate
+
+
+def step_kinds() -> dict[str, StepKind[Any]]:
+    """Every registered step kind by name."""
+    from kvctl.runbook import steps  # noqa: F401 - registers the built-in kinds
+
+    return dict(_STEPS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One configured step of a runbook."""
+
+    kind: StepKind[Any]
+    name: str
+    params: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Runbook:
+    """A named sequence of steps."""
+
+    name: str
+    description: str
+    steps: tuple[Step, ...]
+
+
+def parse_runbook(data: Any, source: str) -> Runbook:
+    """Validate a runbook document (already parsed YAML) from ``source``."""
+    kinds = step_kinds()
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: a runbook must be a mapping with 'steps'",
+                          "see examples/runbooks/single-host.yaml")
+    unknown = set(data) - {"name", "description", "steps"}
+    if unknown:
+        raise ConfigError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown))}",
+                          "a runbook has name, description and steps")
+    raw_steps = data.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        raise ConfigError(f"{source}: 'steps' must be a non-empty list",
+                          "add steps like '- check: topo-doctor'")
+    steps: list[Step] = []
+    for index, raw in enumerate(raw_steps, start=1):
+        where = f"{source}: step {index}"
+        if not isinstance(raw, dict) or "check" not in raw:
+            raise ConfigError(f"{where} must be a mapping with a 'check' key",
+                              f"known checks: {', '.join(sorted(kinds))}")
+        body = dict(raw)
+        kind_name = str(body.pop("check"))
+        kind = kinds.get(kind_name)
+        if kind is None:
+            raise ConfigError(f"{where}: unknown check {kind_name!r}",
+                              f"known checks: {', '.join(sorted(kinds))}")
+        name = str(body.pop("name", kind_name))
+        params = from_mapping(kind.params, body, f"{where} ({kind_name})")
+        steps.append(Step(kind, name, params))
+    return Runbook(str(data.get("name", Path(source).stem)), str(data.get("description", "")),
+                   tuple(steps))
+
+
+def load_runbook(path: Path) -> Runbook:
+    """Read and validate a runbook YAML file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read runbook {path}: {exc.strerror or exc}",
+                          "check the path; examples live in examples/runbooks/") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"runbook {path} is not valid YAML{where}",
+                          "fix the YAML syntax") from exc
+    return parse_runbook(data, str(path))
