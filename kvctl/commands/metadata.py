@@ -16,6 +16,7 @@ from rich.text import Text
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.config import CommonSettings
 from kvctl.errors import NotFoundError
+from kvctl.metrics import ServerMetrics
 from kvctl.net.bind import parse_listen
 from kvctl.output import Output
 from kvctl.transfer.metadata import MetadataServer, MetadataSettings, key_prefix, open_configured
@@ -43,6 +44,10 @@ def serve(
         "--data-dir", show_default=False,
         help="Keep entries and leases in files here, so they survive a restart.",
     )] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", show_default=False,
+        help="Serve Prometheus metrics on this port of the listen host (0 = any free).",
+    )] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run kvctl's metadata server until SIGINT or SIGTERM, printing the URL to use.
@@ -52,13 +57,15 @@ def serve(
     Example: kvctl metadata serve --listen 127.0.0.1:7420 --data-dir /var/lib/kvctl/metadata
     """
     opts = global_options(ctx)
-    settings = opts.settings(MetadataSettings, listen=listen, data_dir=data_dir)
+    settings = opts.settings(MetadataSettings, listen=listen, data_dir=data_dir,
+                             metrics_port=metrics_port)
     common = opts.settings(CommonSettings)
     host, port = parse_listen(settings.listen, default_port=DEFAULT_PORT)
     out = opts.output(json_mode=json_)
+    metrics = ServerMetrics("kvctl_metadata") if settings.metrics_port is not None else None
     server = MetadataServer(host, port, token=common.token, data_dir=settings.data_dir,
                             request_timeout_s=settings.request_timeout_s,
-                            max_body_bytes=settings.max_body_bytes)
+                            max_body_bytes=settings.max_body_bytes, metrics=metrics)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -67,8 +74,14 @@ def serve(
     # Handlers go in before the URL is printed: whoever reads it may signal right away.
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if metrics is not None and settings.metrics_port is not None:
+            metrics.gauge("entries", "Live entries held by the server.", server.entry_count)
+            bound = metrics.serve(host, settings.metrics_port)
+            out.info(f"metrics on http://{host}:{bound}/metrics")
         _serve_until(server, stop, out, settings, common, json_mode=json_)
     finally:
+        if metrics is not None:
+            metrics.close()
         for sig, old in previous.items():
             signal.signal(sig, old)
     out.info("metadata server stopped")

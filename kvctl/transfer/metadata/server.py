@@ -41,15 +41,19 @@ import logging
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from kvctl import __version__
 from kvctl.errors import UsageError
 from kvctl.net.auth import RequestVerifier
 from kvctl.net.bind import announce_bind
+
+if TYPE_CHECKING:
+    from kvctl.metrics import ServerMetrics
 from kvctl.transfer.metadata.base import (
     LeaseExpiredError,
     LeaseId,
@@ -144,6 +148,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _serve(self, method: str) -> None:
         owner = self.server.owner
+        started = time.perf_counter()
+        outcome, body_bytes = self._answer(method, owner)
+        if owner.metrics is not None:
+            op = self.path.split("?", 1)[0].removeprefix("/v1/")
+            owner.metrics.record(op if op in _METRIC_OPS else "other",
+                                 time.perf_counter() - started, outcome, bytes_in=body_bytes)
+
+    def _answer(self, method: str, owner: MetadataServer) -> tuple[str, int]:
+        """Read, check and answer one request; returns its outcome and body size."""
+        body = b""
         try:
             body = self._read_body(method, owner.max_body_bytes)
             if owner.verifier is not None:
@@ -156,8 +170,9 @@ class _Handler(BaseHTTPRequestHandler):
             if exc.status >= 500:
                 _log.warning("metadata server: %s %s failed: %s", method, self.path, exc.message)
             self._reply(exc.status, {"error": exc.code, "message": exc.message})
-            return
+            return exc.code, len(body)
         self._reply(200, answer)
+        return "ok", len(body)
 
     def _read_body(self, method: str, limit: int) -> bytes:
         if self.headers.get("Transfer-Encoding"):
@@ -208,6 +223,7 @@ class MetadataServer:
         request_timeout_s: a connection idle or stalled this long (seconds) is dropped.
         max_body_bytes: largest request body accepted (413 beyond).
         max_connections: connections served at once (503 beyond).
+        metrics: where to count requests (``kvctl metadata serve --metrics-port``).
     """
 
     def __init__(
@@ -220,6 +236,7 @@ class MetadataServer:
         request_timeout_s: float = 10.0,
         max_body_bytes: int = 4 << 20,
         max_connections: int = 256,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         if request_timeout_s <= 0 or max_body_bytes <= 0 or max_connections <= 0:
             raise UsageError("metadata server limits must be positive",
@@ -231,6 +248,7 @@ class MetadataServer:
         self.max_body_bytes = max_body_bytes
         self.max_connections = max_connections
         self.verifier = RequestVerifier(token) if token else None
+        self.metrics = metrics
         self._store: MetadataClient | None = None
         self._listener: _Listener | None = None
         self._thread: threading.Thread | None = None
@@ -248,6 +266,11 @@ class MetadataServer:
         elif ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
+
+    def entry_count(self) -> int:
+        """Live entries held right now (0 when stopped); the ``entries`` metric."""
+        store = self._store
+        return 0 if store is None else len(store.list(""))
 
     @property
     def running(self) -> bool:
@@ -437,3 +460,5 @@ _ROUTES = {
     "/v1/lease/keepalive": _keepalive,
     "/v1/lease/revoke": _revoke,
 }
+#: Operation labels for metrics: the routes without their ``/v1/`` prefix, plus health.
+_METRIC_OPS = frozenset(r.removeprefix("/v1/") for r in _ROUTES) | {"health"}

@@ -37,6 +37,8 @@ class MetadataSettings:
         timeout_s: clients' connect and per-request timeout.
         lease_ttl_s: lease TTL for entries kvctl publishes: how long a crashed process's
             entries stay visible.
+        metrics_port: serve Prometheus metrics of ``kvctl metadata serve`` on this port of
+            the listen host (0: any free port); unset serves none.
     """
 
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
@@ -45,6 +47,7 @@ class MetadataSettings:
     max_body_bytes: int = dataclasses.field(default=4 << 20, metadata={"unit": "size"})
     timeout_s: float = dataclasses.field(default=DEFAULT_TIMEOUT_S, metadata={"unit": "duration"})
     lease_ttl_s: float = dataclasses.field(default=10.0, metadata={"unit": "duration"})
+    metrics_port: int | None = None
 
 
 def open_configured(common: CommonSettings, settings: MetadataSettings | None = None

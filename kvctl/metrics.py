@@ -1,0 +1,138 @@
+"""Prometheus metrics for kvctl's servers (``--metrics-port``), on the standard client.
+
+Each server owns a :class:`ServerMetrics` with its own registry (no process-global state):
+operations by name and outcome, latency histograms, bytes moved, and gauges read at scrape
+time (capacity, usage, entries). :meth:`ServerMetrics.serve` exposes them over HTTP on
+loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvctl.errors import UnavailableError, UsageError
+from kvctl.net.bind import announce_bind
+
+_log = logging.getLogger("kvctl.metrics")
+
+#: Latency buckets in seconds: 50 us .. 10 s, fine where KV operations live.
+LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+                     0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise UnavailableError(
+            "metrics need the prometheus-client package, which is not installed",
+            "pip install prometheus-client (or reinstall kvctl, which depends on it)",
+        ) from exc
+    return prometheus_client
+
+
+class ServerMetrics:
+    """The metrics of one server.
+
+    Args:
+        namespace: metric name prefix, e.g. ``kvctl_store`` or ``kvctl_metadata``.
+    """
+
+    def __init__(self, namespace: str) -> None:
+        prom = _client()
+        self.namespace = namespace
+        self.registry = prom.CollectorRegistry(auto_describe=True)
+        self._prom = prom
+        self.operations = prom.Counter(
+            "operations", "Operations served, by operation and outcome (ok or error code).",
+            ["op", "outcome"], namespace=namespace, registry=self.registry)
+        self.latency = prom.Histogram(
+            "operation_latency_seconds", "Time to serve one operation, in seconds.",
+            ["op"], namespace=namespace, registry=self.registry, buckets=LATENCY_BUCKETS_S)
+        self.bytes = prom.Counter(
+            "bytes", "Payload bytes moved, by operation and direction (in or out).",
+            ["op", "direction"], namespace=namespace, registry=self.registry)
+        self.errors = prom.Counter(
+            "errors", "Errors, by kind.", ["kind"], namespace=namespace, registry=self.registry)
+        self._gauges: dict[str, Any] = {}
+        self._counters: dict[str, Any] = {}
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def record(self, op: str, seconds: float, outcome: str = "ok", *, bytes_in: int = 0,
+               bytes_out: int = 0) -> None:
+        """Count one operation that took ``seconds`` and ended with ``outcome``."""
+        self.operations.labels(op, outcome).inc()
+        self.latency.labels(op).observe(seconds)
+        if bytes_in:
+            self.bytes.labels(op, "in").inc(bytes_in)
+        if bytes_out:
+            self.bytes.labels(op, "out").inc(bytes_out)
+
+    @contextmanager
+    def timed(self, op: str) -> Iterator[dict[str, Any]]:
+        """Time a block; set ``outcome``/``bytes_in``/``bytes_out`` in the yielded dict.
+        An exception escaping the block counts as outcome ``exception``."""
+        info: dict[str, Any] = {"outcome": "ok", "bytes_in": 0, "bytes_out": 0}
+        start = time.perf_counter()
+        try:
+            yield info
+        except BaseException:
+            info["outcome"] = "exception"
+            raise
+        finally:
+            self.record(op, time.perf_counter() - start, str(info["outcome"]),
+                        bytes_in=int(info["bytes_in"]), bytes_out=int(info["bytes_out"]))
+
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """A gauge whose value ``read()`` gives at scrape time (capacity, usage, ...)."""
+        if name in self._gauges:
+            raise UsageError(f"gauge {name} is defined twice", "give each gauge its own name")
+        g = self._prom.Gauge(name, documentation, namespace=self.namespace,
+                             registry=self.registry)
+        g.set_function(read)
+        self._gauges[name] = g
+
+    def counter(self, name: str, documentation: str, labels: tuple[str, ...] = ()) -> Any:
+        """A named counter (evictions, tier moves, ...); created once, returned after."""
+        if name not in self._counters:
+            self._counters[name] = self._prom.Counter(
+                name, documentation, list(labels), namespace=self.namespace,
+                registry=self.registry)
+        return self._counters[name]
+
+    def render(self) -> str:
+        """The text exposition format, as a scrape would return it."""
+        return bytes(self._prom.generate_latest(self.registry)).decode()
+
+    def serve(self, host: str, port: int) -> int:
+        """Expose ``/metrics`` on ``host:port`` (0: any free port); returns the port.
+
+        Raises:
+            UsageError: the address cannot be bound.
+        """
+        try:
+            server, thread = self._prom.start_http_server(port, addr=host,
+                                                           registry=self.registry)
+        except OSError as exc:
+            raise UsageError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}",
+                             "choose another --metrics-port (0 picks a free one)") from exc
+        self._server, self._thread = server, thread
+        bound = int(server.server_address[1])
+        announce_bind("metrics endpoint", host, bound)
+        return bound
+
+    def close(self) -> None:
+        """Stop the metrics endpoint. Safe to call twice."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5.0)
