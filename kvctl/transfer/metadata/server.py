@@ -149,14 +149,16 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         owner = self.server.owner
         started = time.perf_counter()
-        outcome, body_bytes = self._answer(method, owner)
-        if owner.metrics is not None:
+        status, payload, body_bytes = self._answer(method, owner)
+        if owner.metrics is not None:  # counted before replying: a client sees it counted
             op = self.path.split("?", 1)[0].removeprefix("/v1/")
+            outcome = "ok" if status == 200 else str(payload["error"])
             owner.metrics.record(op if op in _METRIC_OPS else "other",
                                  time.perf_counter() - started, outcome, bytes_in=body_bytes)
+        self._reply(status, payload)
 
-    def _answer(self, method: str, owner: MetadataServer) -> tuple[str, int]:
-        """Read, check and answer one request; returns its outcome and body size."""
+    def _answer(self, method: str, owner: MetadataServer) -> tuple[int, dict[str, Any], int]:
+        """Read, check and answer one request: HTTP status, reply payload, body size."""
         body = b""
         try:
             body = self._read_body(method, owner.max_body_bytes)
@@ -165,14 +167,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if not owner.verifier.verify(method, self.path, body, headers):
                     raise _RefusedError(401, "unauthorized",
                                       "missing, wrong, stale or replayed request signature")
-            answer = owner.dispatch(method, self.path, body)
+            return 200, owner.dispatch(method, self.path, body), len(body)
         except _RefusedError as exc:
             if exc.status >= 500:
                 _log.warning("metadata server: %s %s failed: %s", method, self.path, exc.message)
-            self._reply(exc.status, {"error": exc.code, "message": exc.message})
-            return exc.code, len(body)
-        self._reply(200, answer)
-        return "ok", len(body)
+            return exc.status, {"error": exc.code, "message": exc.message}, len(body)
 
     def _read_body(self, method: str, limit: int) -> bytes:
         if self.headers.get("Transfer-Encoding"):

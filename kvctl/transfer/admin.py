@@ -1,0 +1,103 @@
+"""Reading and cleaning what is published about segments (used by the engine and the CLI)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+
+from kvctl.errors import UsageError
+from kvctl.transfer.errors import SegmentNotFoundError
+from kvctl.transfer.metadata import MetadataClient, key_prefix
+from kvctl.transfer.segments import SHM_DIR, SegmentInfo, host_id
+
+_log = logging.getLogger("kvctl.transfer")
+
+
+def segment_key(cluster_id: str, name: str) -> str:
+    """Metadata key of segment ``name``: ``<prefix>segments/<name>``."""
+    return f"{key_prefix(cluster_id)}segments/{name}"
+
+
+def list_segments(metadata: MetadataClient, cluster_id: str = "") -> list[SegmentInfo]:
+    """Every segment descriptor published under ``<prefix>segments/``, by name.
+
+    Entries that do not decode are skipped with a warning (``kvctl segment rm`` removes them).
+    """
+    prefix = f"{key_prefix(cluster_id)}segments/"
+    out: list[SegmentInfo] = []
+    for key, raw in sorted(metadata.list(prefix).items()):
+        try:
+            out.append(SegmentInfo.from_json(raw, source=key))
+        except UsageError as exc:
+            _log.warning("%s", exc.cause)
+    return out
+
+
+def lookup_segment(metadata: MetadataClient, cluster_id: str, name: str) -> SegmentInfo:
+    """The descriptor published for ``name``.
+
+    Raises:
+        SegmentNotFoundError: nothing is published under that name.
+        UsageError: the entry is not a valid descriptor.
+    """
+    key = segment_key(cluster_id, name)
+    raw = metadata.get(key)
+    if raw is None:
+        raise SegmentNotFoundError(
+            f"segment {name!r} is not published in {metadata.url}",
+            "check the name with 'kvctl segment list' and that its process is running")
+    return SegmentInfo.from_json(raw, source=key)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemovedSegment:
+    """What ``remove_segment`` did.
+
+    Attributes:
+        name: the segment.
+        key: the metadata key deleted.
+        files_removed: stale ``/dev/shm`` files of a dead same-host owner that were deleted.
+    """
+
+    name: str
+    key: str
+    files_removed: tuple[str, ...]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_segment(metadata: MetadataClient, cluster_id: str, name: str) -> RemovedSegment:
+    """Delete a (stale) segment entry; on its host, also its shm file if the owner is dead.
+
+    Raises:
+        SegmentNotFoundError: nothing is published under that name.
+    """
+    key = segment_key(cluster_id, name)
+    raw = metadata.get(key)
+    if raw is None:
+        raise SegmentNotFoundError(f"segment {name!r} is not published in {metadata.url}",
+                                   "nothing to remove; see 'kvctl segment list'")
+    removed: list[str] = []
+    try:
+        info: SegmentInfo | None = SegmentInfo.from_json(raw, source=key)
+    except UsageError:
+        info = None  # a corrupt entry: delete it all the same
+    if info is not None and info.host == host_id() and not _pid_alive(info.pid):
+        for buf in info.buffers:
+            path = Path(buf.path) if buf.path else None
+            if (path is not None and path.parent == SHM_DIR and path.name.startswith("kvctl-")
+                    and str(path) not in removed and path.exists()):
+                path.unlink(missing_ok=True)
+                removed.append(str(path))
+    metadata.delete(key)
+    return RemovedSegment(name, key, tuple(removed))

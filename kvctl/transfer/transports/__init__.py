@@ -1,0 +1,1 @@
+"""Transports: ``shm`` (same host, one-sided), ``tcp`` (framed, sliced), ``rdma`` (pyverbs)."""

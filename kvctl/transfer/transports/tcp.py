@@ -1,0 +1,480 @@
+"""``tcp``: the framed protocol of :mod:`kvctl.transfer.protocol` over persistent connections.
+
+Per peer, a small set of *paths* (connections, each from a chosen local address/NIC) with one
+worker thread each; socket calls release the GIL, so paths move data in parallel. A
+submission is cut into frames: requests over ``slice_bytes`` are sliced, small ones are
+coalesced so a batch becomes roughly one frame per path. A WRITE frame is sent with one
+``sendmsg`` gather of header, entries and the local memoryviews; a READ reply is received
+with ``recvmsg_into`` straight into the local memoryviews (no intermediate copies unless the
+local buffer is a file or GPU memory). A frame that fails on a connection is retried on
+another path; repeated failures pause a path (see :mod:`kvctl.transfer.paths`).
+
+Timeouts use ``SO_RCVTIMEO``/``SO_SNDTIMEO`` on blocking sockets (no extra ``poll`` per call):
+a stalled target turns the frame's requests into ``TIMEOUT`` and closes that connection.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import queue
+import socket
+import struct
+import threading
+from collections.abc import Sequence
+
+from kvctl.net import auth
+from kvctl.net.framing import (
+    ConnectionClosedError,
+    FrameError,
+    recv_exact,
+    recv_exact_into,
+    recv_into_views,
+    send_views,
+)
+from kvctl.transfer import protocol as p
+from kvctl.transfer.batch import SETTLE_FAILED, SETTLE_TIMEOUT, Batch, OpCode
+from kvctl.transfer.errors import AuthError, TransferError
+from kvctl.transfer.paths import PathHealth, RetryPolicy, slice_ranges
+from kvctl.transfer.segments import LocalBuffer, SegmentInfo
+from kvctl.transfer.transports.base import Item, RemoteSegment, Transport
+
+_log = logging.getLogger("kvctl.transfer.tcp")
+
+#: Frames smaller than this are not split further to spread a batch over paths.
+MIN_FRAME_BYTES = 524288
+_U16 = struct.Struct("<H")
+
+#: A piece of a request inside a frame: (slot, local buffer, local offset, target offset, length)
+_Piece = tuple[int, LocalBuffer, int, int, int]
+
+
+class _RemoteError(TransferError):
+    """The target answered a frame with an error status (connection stays usable)."""
+
+
+class _Frame:
+    __slots__ = ("attempt", "batch", "op", "pieces", "seg_id", "target")
+
+    def __init__(self, batch: Batch, op: OpCode, target: str, seg_id: int,
+                 pieces: list[_Piece]) -> None:
+        self.batch = batch
+        self.op = op
+        self.target = target
+        self.seg_id = seg_id
+        self.pieces = pieces
+        self.attempt = 0
+
+    def slots(self) -> list[int]:
+        return [piece[0] for piece in self.pieces]
+
+
+def _timeval(seconds: float) -> bytes:
+    whole = int(seconds)
+    return struct.pack("@ll", whole, int((seconds - whole) * 1e6))
+
+
+def open_connection(host: str, port: int, *, token: str | None, local_address: str | None,
+                    connect_timeout_s: float, timeout_s: float) -> socket.socket:
+    """Connect, run the handshake and return a blocking socket with I/O timeouts set.
+
+    Raises:
+        AuthError: the target requires a token we lack, or refused ours.
+        OSError / FrameError: the connection or handshake failed.
+    """
+    source = (local_address, 0) if local_address else None
+    sock = socket.create_connection((host, port), timeout=connect_timeout_s,
+                                    source_address=source)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello = recv_exact(sock, p.HELLO.size)
+        magic, version, flags, nonce = p.HELLO.unpack(hello)
+        if magic != p.MAGIC:
+            raise FrameError(f"{host}:{port} is not a kvctl transfer target",
+                             "check the segment's published address")
+        if flags & p.FLAG_AUTH and not token:
+            raise AuthError(f"target {host}:{port} requires a token",
+                            "set KVCTL_TOKEN (or common.token) to the cluster's shared token")
+        digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token and (
+            flags & p.FLAG_AUTH) else bytes(auth.DIGEST_BYTES)
+        sock.sendall(p.ANSWER.pack(p.MAGIC, min(version, p.VERSION), digest))
+        _, code = p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))
+        if code == p.Verdict.AUTH_REFUSED:
+            raise AuthError(f"target {host}:{port} refused our token",
+                            "use the same KVCTL_TOKEN as the target")
+        if code != p.Verdict.OK:
+            raise FrameError(f"target {host}:{port} refused protocol version {p.VERSION}",
+                             "run the same kvctl version on both ends")
+        sock.settimeout(None)
+        tv = _timeval(timeout_s)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class _Path:
+    """One connection to a peer with its worker thread."""
+
+    def __init__(self, peer: _Peer, index: int, address: str, local: str | None) -> None:
+        self.peer = peer
+        self.index = index
+        self.address = address
+        self.local = local
+        self.name = f"{local or 'any'}->{address}#{index}"
+        self.jobs: queue.SimpleQueue[_Frame | None] = queue.SimpleQueue()
+        self.sock: socket.socket | None = None
+        self.head = bytearray(p.HEADER.size)
+        self.tags = itertools.count(1)
+        self.thread = threading.Thread(target=self._run, name=f"kvctl-tcp-{index}", daemon=True)
+        self.thread.start()
+
+    def connect(self) -> socket.socket:
+        if self.sock is None:
+            host, port = _split_address(self.address)
+            t = self.peer.transport
+            self.sock = open_connection(host, port, token=t.token, local_address=self.local,
+                                        connect_timeout_s=t.connect_timeout_s,
+                                        timeout_s=t.timeout_s)
+        return self.sock
+
+    def drop(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def _run(self) -> None:
+        """Keep up to ``window`` frames in flight: send new ones, then take one reply."""
+        window = self.peer.transport.window
+        inflight: collections.deque[tuple[_Frame, int]] = collections.deque()
+        stopping = False
+        while True:
+            new: list[_Frame] = []
+            if not inflight:
+                if stopping:
+                    self.drop()
+                    return
+                frame = self.jobs.get()
+                if frame is None:
+                    self.drop()
+                    return
+                new.append(frame)
+            while not stopping and len(inflight) + len(new) < window:
+                try:
+                    more = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stopping = True
+                else:
+                    new.append(more)
+            self.peer.pump(self, inflight, new)
+
+
+class _Peer:
+    """The paths to one target server and the frames queued on them."""
+
+    def __init__(self, transport: TcpTransport, addresses: Sequence[str]) -> None:
+        self.transport = transport
+        locals_: list[str | None] = list(transport.local_addresses) or [None]
+        routes = list(itertools.product(addresses, locals_))
+        count = max(transport.connections_per_peer, len(routes))
+        self.paths = [_Path(self, i, *routes[i % len(routes)]) for i in range(count)]
+        self.health = PathHealth([path.name for path in self.paths], transport.retry)
+        self._control: socket.socket | None = None
+        self._control_lock = threading.Lock()
+        self.addresses = list(addresses)
+
+    def dispatch(self, frame: _Frame, exclude: int = -1) -> None:
+        self.paths[self.health.pick(exclude)].jobs.put(frame)
+
+    def pump(self, path: _Path, inflight: collections.deque[tuple[_Frame, int]],
+             new: list[_Frame]) -> None:
+        """Send ``new`` frames on ``path``, then take the oldest reply; on a broken
+        connection every frame in flight is retried elsewhere, timed out or failed."""
+        t = self.transport
+        try:
+            sock = path.connect()
+            while new:
+                frame = new[0]
+                inflight.append((frame, self._send(sock, path, frame)))
+                new.pop(0)
+            frame, tag = inflight[0]
+            try:
+                self._receive(sock, path, frame, tag)
+            except _RemoteError as exc:  # the stream is still in sync: go on
+                inflight.popleft()
+                frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
+                                   cause=exc.cause)
+                return
+            inflight.popleft()
+            frame.batch.settle(frame.slots(), path=path.name)
+            self.health.ok(path.index)
+            return
+        except AuthError as exc:
+            path.drop()
+            for frame in self._take(inflight, new):
+                frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
+                                   cause=exc.cause)
+        except (TimeoutError, BlockingIOError):
+            path.drop()
+            t.health_failed(self, path)
+            for frame in self._take(inflight, new):
+                frame.batch.settle(
+                    frame.slots(), path=path.name, failure=SETTLE_TIMEOUT,
+                    cause=f"no answer from {frame.target} at {path.address} within "
+                          f"{t.timeout_s:g} s (path {path.name})")
+        except (OSError, FrameError) as exc:
+            path.drop()
+            t.health_failed(self, path)
+            reason = getattr(exc, "cause", None) or getattr(exc, "strerror", None) or str(exc)
+            for frame in self._take(inflight, new):
+                if frame.attempt < t.retry.max_retries and not t.closed:
+                    frame.attempt += 1
+                    _log.info("frame to %s failed on path %s (%s); retry %d on another path",
+                              frame.target, path.name, reason, frame.attempt)
+                    self.dispatch(frame, exclude=path.index)
+                    continue
+                frame.batch.settle(
+                    frame.slots(), path=path.name, failure=SETTLE_FAILED,
+                    cause=f"transfer with {frame.target} failed after {frame.attempt + 1} "
+                          f"attempt(s); last on path {path.name}: {reason}")
+
+    @staticmethod
+    def _take(inflight: collections.deque[tuple[_Frame, int]], new: list[_Frame]
+              ) -> list[_Frame]:
+        frames = [frame for frame, _ in inflight] + new
+        inflight.clear()
+        new.clear()
+        return frames
+
+    def _entries(self, path: _Path, frame: _Frame, ftype: int, payload: int) -> tuple[int, bytes]:
+        tag = next(path.tags) & 0xFFFFFFFF
+        seg_id = frame.seg_id
+        pack = p.ENTRY.pack
+        body = b"".join([pack(seg_id, toff, length) for _, _, _, toff, length in frame.pieces])
+        return tag, p.HEADER.pack(ftype, 0, 0, tag, len(frame.pieces), payload) + body
+
+    def _response(self, sock: socket.socket, path: _Path, tag: int) -> int:
+        recv_exact_into(sock, memoryview(path.head))
+        ftype, status, _, rtag, index, payload = p.HEADER.unpack(path.head)
+        if ftype != p.FrameType.RESP or rtag != tag:
+            raise FrameError(f"unexpected reply (type {ftype}, tag {rtag}, expected {tag})",
+                             "the connection is out of sync; it is reopened")
+        if status != p.WireStatus.OK:
+            if payload > 65536:
+                raise FrameError(f"error reply of {payload} bytes", None)
+            message = recv_exact(sock, payload).decode("utf-8", "replace")
+            where = "" if index == p.NO_INDEX else f" (entry {index})"
+            raise _RemoteError(f"target {self.addresses[0]} refused{where}: {message} "
+                               f"[{p.WireStatus(status).name}]",
+                               "check the request's target segment, offset and length")
+        return int(payload)
+
+    def _send(self, sock: socket.socket, path: _Path, frame: _Frame) -> int:
+        """Send one request frame (a WRITE with its payload, gathered); returns its tag."""
+        if frame.op is OpCode.READ:
+            tag, head = self._entries(path, frame, p.FrameType.READ, 0)
+            send_views(sock, [head])
+            return tag
+        total = sum(piece[4] for piece in frame.pieces)
+        tag, head = self._entries(path, frame, p.FrameType.WRITE, total)
+        views: list[memoryview | bytes] = [head]
+        for _, lbuf, lrel, _, length in frame.pieces:
+            view = lbuf.view
+            if view is not None:
+                views.append(view[lrel : lrel + length])
+            else:
+                scratch = memoryview(bytearray(length))
+                lbuf.read_into(lrel, scratch)
+                views.append(scratch)
+        send_views(sock, views)
+        return tag
+
+    def _receive(self, sock: socket.socket, path: _Path, frame: _Frame, tag: int) -> None:
+        """Take the reply of one frame; a READ's data lands straight in the local buffers."""
+        payload = self._response(sock, path, tag)
+        if frame.op is not OpCode.READ:
+            return
+        expected = sum(piece[4] for piece in frame.pieces)
+        if payload != expected:
+            raise FrameError(f"READ reply of {payload} bytes, expected {expected}", None)
+        views: list[memoryview] = []
+        staged: list[tuple[LocalBuffer, int, memoryview]] = []
+        for _, lbuf, lrel, _, length in frame.pieces:
+            view = lbuf.view
+            if view is not None:
+                views.append(view[lrel : lrel + length])
+            else:
+                scratch = memoryview(bytearray(length))
+                views.append(scratch)
+                staged.append((lbuf, lrel, scratch))
+        recv_into_views(sock, views)
+        for lbuf, lrel, scratch in staged:
+            lbuf.write_from(lrel, scratch)
+
+    def notify(self, sender: str, message: bytes) -> None:
+        name = sender.encode()
+        body = _U16.pack(len(name)) + name + message
+        with self._control_lock:
+            for attempt in range(2):
+                try:
+                    if self._control is None:
+                        host, port = _split_address(self.addresses[0])
+                        t = self.transport
+                        self._control = open_connection(
+                            host, port, token=t.token, local_address=None,
+                            connect_timeout_s=t.connect_timeout_s, timeout_s=t.timeout_s)
+                    sock = self._control
+                    send_views(sock, [p.HEADER.pack(p.FrameType.NOTIFY, 0, 0, 1, 0, len(body)),
+                                      body])
+                    head = recv_exact(sock, p.HEADER.size)
+                    ftype, status, _, _, _, payload = p.HEADER.unpack(head)
+                    if payload:
+                        recv_exact(sock, min(payload, 65536))
+                    if ftype != p.FrameType.RESP or status != p.WireStatus.OK:
+                        raise FrameError(f"target refused the notification (status {status})",
+                                         None)
+                    return
+                except (OSError, ConnectionClosedError):
+                    self._close_control()
+                    if attempt:
+                        raise
+                except FrameError:
+                    self._close_control()
+                    raise
+
+    def _close_control(self) -> None:
+        sock, self._control = self._control, None
+        if sock is not None:
+            sock.close()
+
+    def close(self) -> None:
+        for path in self.paths:
+            path.jobs.put(None)
+            sock = path.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        for path in self.paths:
+            path.thread.join(10.0)
+            while True:  # frames queued behind the stop marker fail now
+                try:
+                    frame = path.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if frame is not None:
+                    frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
+                                       cause="transfer engine closed before the request ran")
+        with self._control_lock:
+            self._close_control()
+
+
+class TcpTransport(Transport):
+    """Framed TCP to target servers, sliced and spread over several connections per peer.
+
+    Args:
+        token: shared secret for the targets' challenge-response (or ``None``).
+        connections_per_peer: paths (connections, one worker thread each) per target server.
+        local_addresses: local IPs (NICs) to connect from, e.g. from topo's ranking for the
+            buffer's location; connections are spread over them. Empty: let the OS choose.
+        slice_bytes: requests above this are cut into slices moved in parallel.
+        retry: retry and pause policy.
+        timeout_s: a frame with no progress for this long fails with TIMEOUT.
+        connect_timeout_s: limit for TCP connect and handshake (at most ``timeout_s``).
+        window: frames a path sends back to back before reading their replies (pipelining).
+    """
+
+    name = "tcp"
+
+    def __init__(self, *, token: str | None = None, connections_per_peer: int = 4,
+                 local_addresses: Sequence[str] = (), slice_bytes: int = 1 << 20,
+                 retry: RetryPolicy | None = None, timeout_s: float = 30.0,
+                 connect_timeout_s: float = 5.0, window: int = 4) -> None:
+        self.token = token
+        self.connections_per_peer = max(1, connections_per_peer)
+        self.local_addresses = list(local_addresses)
+        self.slice_bytes = slice_bytes
+        self.retry = retry or RetryPolicy()
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self.window = max(1, window)
+        self._peers: dict[tuple[str, ...], _Peer] = {}
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def pieces(self, length: int) -> int:
+        return -(-length // self.slice_bytes)
+
+    def health_failed(self, peer: _Peer, path: _Path) -> None:
+        """Count a failure on ``path``; log when it gets paused."""
+        if peer.health.failed(path.index):
+            _log.warning("path %s paused for %g s after %d consecutive failures", path.name,
+                         self.retry.pause_s, self.retry.pause_after)
+
+    def _peer(self, info: SegmentInfo) -> _Peer:
+        key = info.addresses
+        peer = self._peers.get(key)
+        if peer is None:
+            with self._lock:
+                if self.closed:
+                    raise TransferError("transfer engine is closed", "open a new engine")
+                peer = self._peers.get(key)
+                if peer is None:
+                    peer = _Peer(self, info.addresses)
+                    self._peers[key] = peer
+        return peer
+
+    def execute(self, batch: Batch, op: OpCode, target: RemoteSegment, items: list[Item]) -> None:
+        peer = self._peer(target.info)
+        slice_bytes = self.slice_bytes
+        pieces: list[_Piece] = []
+        total = 0
+        for slot, lbuf, lrel, _bi, _trel, toff, length in items:
+            total += length
+            if length <= slice_bytes:
+                pieces.append((slot, lbuf, lrel, toff, length))
+                continue
+            pieces.extend((slot, lbuf, lrel + start, toff + start, n)
+                          for start, n in slice_ranges(length, slice_bytes))
+        # Spread the submission over the paths: about one frame per path, within limits.
+        budget = min(slice_bytes, max(MIN_FRAME_BYTES, -(-total // len(peer.paths))))
+        name, seg_id = target.info.name, target.info.seg_id
+        frame: list[_Piece] = []
+        size = 0
+        for piece in pieces:
+            if frame and (size + piece[4] > budget or len(frame) >= p.MAX_ENTRIES):
+                peer.dispatch(_Frame(batch, op, name, seg_id, frame))
+                frame, size = [], 0
+            frame.append(piece)
+            size += piece[4]
+        if frame:
+            peer.dispatch(_Frame(batch, op, name, seg_id, frame))
+
+    def notify(self, info: SegmentInfo, sender: str, message: bytes) -> None:
+        """Deliver ``message`` to the engine serving ``info`` (waits for its acknowledgement).
+
+        Raises:
+            OSError / FrameError / AuthError: the target could not be reached or refused.
+        """
+        self._peer(info).notify(sender, message)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            peers = list(self._peers.values())
+        for peer in peers:
+            peer.close()
