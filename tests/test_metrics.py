@@ -67,3 +67,26 @@ def test_duplicate_gauge_is_refused() -> None:
     metrics.gauge("usage", "Bytes used.", lambda: 1.0)
     with pytest.raises(UsageError):
         metrics.gauge("usage", "Bytes used.", lambda: 2.0)
+
+
+def test_store_master_exports_requests_capacity_and_evictions(tmp_path) -> None:
+    from kvctl.store.client import StoreClient
+    from kvctl.store.embedded import EmbeddedStore
+    from kvctl.store.settings import StoreSettings
+
+    settings = StoreSettings(listen="127.0.0.1:0", capacity=8 << 20, metrics_port=0)
+    with EmbeddedStore(settings) as store:
+        port = store.server.metrics_port
+        assert port
+        with StoreClient(store.address) as client:
+            client.put("a", b"x" * 4096)
+            assert client.get("a") == b"x" * 4096
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    assert sample(text, "kvctl_store_operations_total", op="put", outcome="ok") == 1
+    assert sample(text, "kvctl_store_operations_total", op="get", outcome="ok") == 1
+    assert sample(text, "kvctl_store_capacity_bytes") == 8 << 20
+    assert sample(text, "kvctl_store_used_bytes") >= 4096
+    assert sample(text, "kvctl_store_objects", tier="dram") == 1
+    assert sample(text, "kvctl_store_nodes", alive="true") == 1
+    assert sample(text, "kvctl_store_evictions_total", tier="dram") == 0

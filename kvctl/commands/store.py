@@ -1,0 +1,498 @@
+"""``kvctl store``: run the embedded KV store, and put, get, inspect and validate objects."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from kvctl.commands._common import JsonOpt, global_options
+from kvctl.config import CommonSettings
+from kvctl.errors import CheckFailedError, UsageError
+from kvctl.output import Output
+from kvctl.store import protocol as p
+from kvctl.store.client import StoreClient
+from kvctl.store.embedded import EmbeddedStore, resolve_master, start_master, start_node
+from kvctl.store.server import MasterServer
+from kvctl.store.settings import StoreSettings
+from kvctl.store.smoke import SmokeReport, run_kvctl, run_mooncake
+from kvctl.units import format_size
+
+app = typer.Typer(help="The embedded KV store: serve it, put/get objects, validate it.",
+                  no_args_is_help=True)
+
+BACKENDS = ("kvctl", "mooncake")
+
+MasterOpt = Annotated[str | None, typer.Option(
+    "--master", "-m", show_default=False,
+    help="Master HOST:PORT (default: the local embedded store).")]
+BackendOpt = Annotated[str, typer.Option(
+    "--backend", help="Store to talk to: kvctl, or mooncake (a Mooncake master over TCP).")]
+ListenOpt = Annotated[str | None, typer.Option(
+    "--listen", show_default=False,
+    help="Master HOST:PORT to listen on (default: 127.0.0.1:50051).")]
+CapacityOpt = Annotated[str | None, typer.Option(
+    "--capacity", show_default=False,
+    help="DRAM the node contributes, e.g. 512MiB (default: 1 GiB or 1/8 of RAM).")]
+SsdOpt = Annotated[Path | None, typer.Option(
+    "--ssd", show_default=False, help="SSD tier directory (off when not given).")]
+SsdPolicyOpt = Annotated[str | None, typer.Option(
+    "--ssd-policy", show_default=False,
+    help="write-through or write-back (default: write-through).")]
+StateOpt = Annotated[str | None, typer.Option(
+    "--state", show_default=False,
+    help="Master state: none, a directory, or etcd://HOST:PORT (default: none).")]
+MetricsPortOpt = Annotated[int | None, typer.Option(
+    "--metrics-port", show_default=False,
+    help="Serve Prometheus metrics on this port of the listen host (0 = any free).")]
+
+
+def _metrics_url(server: MasterServer) -> str | None:
+    if server.metrics_port is None:
+        return None
+    return f"http://{server.host}:{server.metrics_port}/metrics"
+
+
+def _client(ctx: typer.Context, master: str | None, **flags: Any) -> StoreClient:
+    opts = global_options(ctx)
+    settings = opts.settings(StoreSettings, master=master, **flags)
+    common = opts.settings(CommonSettings)
+    return StoreClient(resolve_master(settings), token=common.token,
+                       replicas=settings.replicas, transport=settings.transport)
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+
+
+def _wait_for_signal() -> None:
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+# ---------------------------------------------------------------- servers
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    listen: ListenOpt = None,
+    capacity: CapacityOpt = None,
+    ssd: SsdOpt = None,
+    ssd_policy: SsdPolicyOpt = None,
+    state: StateOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Run a master and one storage node in this process until SIGINT/SIGTERM.
+
+    Clients on this host find it without --master (discovery file, else 127.0.0.1:50051).
+
+    Example: kvctl store serve --capacity 2GiB --ssd /mnt/nvme/kvctl
+    """
+    opts = global_options(ctx)
+    settings = opts.settings(StoreSettings, listen=listen, capacity=capacity, ssd=ssd,
+                             ssd_policy=ssd_policy, state=state, metrics_port=metrics_port)
+    common = opts.settings(CommonSettings)
+    out = opts.output(json_mode=json_)
+    with EmbeddedStore(settings, token=common.token, write_discovery=True) as store:
+        payload = {"master": store.address, "node_id": store.node.node_id,
+                   "capacity_bytes": store.node.capacity_bytes,
+                   "ssd": store.node.ssd.directory if store.node.ssd else None,
+                   "ssd_policy": store.node.ssd_policy, "state": settings.state,
+                   "auth": common.token is not None,
+                   "metrics": _metrics_url(store.server)}
+        if json_:
+            out.emit_json("store.serve", payload)
+        else:
+            out.print(Text(store.address))
+            ssd_text = f"SSD {store.node.ssd_policy} in {store.node.ssd.directory}" if (
+                store.node.ssd) else "no SSD tier"
+            out.info(f"store up: master {store.address}, node {store.node.node_id} with "
+                     f"{format_size(store.node.capacity_bytes)} DRAM, {ssd_text}; "
+                     "Ctrl-C stops it")
+            if payload["metrics"]:
+                out.info(f"metrics on {payload['metrics']}")
+        _wait_for_signal()
+    out.info("store stopped")
+
+
+@app.command()
+def master(
+    ctx: typer.Context,
+    listen: ListenOpt = None,
+    state: StateOpt = None,
+    metrics_port: MetricsPortOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Run a store master alone (nodes join with 'kvctl store node --master').
+
+    Example: kvctl store master --listen 127.0.0.1:50051 --state /var/lib/kvctl/master
+    """
+    opts = global_options(ctx)
+    settings = opts.settings(StoreSettings, listen=listen, state=state,
+                             metrics_port=metrics_port)
+    common = opts.settings(CommonSettings)
+    out = opts.output(json_mode=json_)
+    server = start_master(settings, token=common.token, cluster_id=common.cluster_id)
+    with server:
+        if json_:
+            out.emit_json("store.master", {"master": server.address, "state": settings.state,
+                                           "auth": common.token is not None,
+                                           "metrics": _metrics_url(server)})
+        else:
+            out.print(Text(server.address))
+            out.info(f"store master up on {server.address} (state: "
+                     f"{server.core.state.description}); Ctrl-C stops it")
+        _wait_for_signal()
+    out.info("store master stopped")
+
+
+@app.command()
+def node(
+    ctx: typer.Context,
+    master: MasterOpt = None,
+    capacity: CapacityOpt = None,
+    ssd: SsdOpt = None,
+    ssd_policy: SsdPolicyOpt = None,
+    node_id: Annotated[str | None, typer.Option("--node-id", show_default=False,
+                                                help="Node name (default: random).")] = None,
+    node_listen: Annotated[str | None, typer.Option(
+        "--node-listen", show_default=False,
+        help="Data-path HOST:PORT (default: 127.0.0.1:0).")] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Run a storage node for a master until SIGINT/SIGTERM.
+
+    Example: kvctl store node --master 127.0.0.1:50051 --capacity 4GiB --ssd /mnt/nvme/kv
+    """
+    opts = global_options(ctx)
+    settings = opts.settings(StoreSettings, master=master, capacity=capacity, ssd=ssd,
+                             ssd_policy=ssd_policy, node_id=node_id, node_listen=node_listen)
+    common = opts.settings(CommonSettings)
+    out = opts.output(json_mode=json_)
+    address = resolve_master(settings)
+    with start_node(settings, address, token=common.token) as running:
+        if json_:
+            out.emit_json("store.node", {"master": address, "node_id": running.node_id,
+                                         "endpoint": running.endpoint,
+                                         "capacity_bytes": running.capacity_bytes,
+                                         "ssd_policy": running.ssd_policy})
+        else:
+            out.print(Text(running.node_id))
+            out.info(f"node {running.node_id} serving {format_size(running.capacity_bytes)} "
+                     f"at {running.endpoint} for master {address}; Ctrl-C stops it")
+        _wait_for_signal()
+    out.info("store node stopped")
+
+
+# ---------------------------------------------------------------- objects
+
+
+@app.command()
+def put(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="Object key.")],
+    file: Annotated[str, typer.Argument(help="File to store, or - for stdin.")],
+    master: MasterOpt = None,
+    replicas: Annotated[int | None, typer.Option(
+        "--replicas", show_default=False, help="Copies on distinct nodes (default: 1).")] = None,
+    backend: BackendOpt = "kvctl",
+    json_: JsonOpt = False,
+) -> None:
+    """Store the bytes of FILE (or stdin) under KEY.
+
+    Example: kvctl store put model/block-0 ./block.bin
+    """
+    _check_backend(backend)
+    data = _read_input(file)
+    out = global_options(ctx).output(json_mode=json_)
+    if backend == "mooncake":
+        _mooncake(ctx, master, lambda s: s.put(key, data))
+    else:
+        with _client(ctx, master, replicas=replicas) as client:
+            client.put(key, data)
+    if json_:
+        out.emit_json("store.put", {"key": key, "size_bytes": len(data), "backend": backend})
+    else:
+        out.info(f"stored {key!r} ({format_size(len(data))})")
+
+
+def _read_input(file: str) -> bytes:
+    if file == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(file).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {file}: {exc.strerror or exc}",
+                         "give a readable file, or - to read stdin") from None
+
+
+def _mooncake(ctx: typer.Context, master: str | None, fn: Any) -> Any:
+    from kvctl.store.mooncake import MooncakeStore
+
+    settings = global_options(ctx).settings(StoreSettings, master=master)
+    if not settings.master:
+        raise UsageError("--backend mooncake needs --master HOST:PORT of a mooncake_master",
+                         "start one (mooncake_master --rpc_port=50051) and pass its address")
+    # Contribute no memory: objects must land in the cluster's storage, not in this process.
+    with MooncakeStore(settings.master, global_segment_bytes=0) as store:
+        return fn(store)
+
+
+@app.command()
+def get(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="Object key.")],
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", show_default=False, help="Write here (default: stdout).")] = None,
+    master: MasterOpt = None,
+    backend: BackendOpt = "kvctl",
+    json_: JsonOpt = False,
+) -> None:
+    """Fetch KEY (checksum-verified) to a file or stdout. Exits 1 when KEY is absent.
+
+    Example: kvctl store get model/block-0 -o block.bin
+    """
+    _check_backend(backend)
+    if json_ and output is None:
+        raise UsageError("--json prints metadata, so the bytes need --output FILE",
+                         "add -o FILE (or drop --json to write the bytes to stdout)")
+    if backend == "mooncake":
+        data: bytes = _mooncake(ctx, master, lambda s: s.get(key))
+    else:
+        with _client(ctx, master) as client:
+            data = client.get(key)
+    out = global_options(ctx).output(json_mode=json_)
+    if output is None:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        return
+    try:
+        output.write_bytes(data)
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror or exc}",
+                         "pick a writable --output path") from None
+    if json_:
+        out.emit_json("store.get", {"key": key, "size_bytes": len(data), "output": output,
+                                    "backend": backend})
+    else:
+        out.info(f"wrote {format_size(len(data))} of {key!r} to {output}")
+
+
+def _info_row(info: p.ObjectInfo) -> dict[str, Any]:
+    return {"key": info.key, "size_bytes": info.size, "checksum": f"{info.checksum:016x}",
+            "tier": info.tier, "replicas": info.replicas, "ssd_replicas": info.ssd_replicas,
+            "pinned": info.pinned, "lease_remaining_s": info.lease_remaining_s,
+            "age_s": info.age_s, "version": info.version}
+
+
+@app.command("ls")
+def ls(
+    ctx: typer.Context,
+    prefix: Annotated[str, typer.Argument(help="Key prefix.")] = "",
+    master: MasterOpt = None,
+    limit: Annotated[int, typer.Option("--limit", help="Most objects to list.")] = 1000,
+    json_: JsonOpt = False,
+) -> None:
+    """List objects whose keys start with PREFIX.
+
+    Example: kvctl store ls model/
+    """
+    if limit < 0:
+        raise UsageError(f"--limit {limit} is negative", "give 0 or more")
+    with _client(ctx, master) as client:
+        objects, truncated = client.list(prefix, limit=limit)
+    out = global_options(ctx).output(json_mode=json_)
+    if json_:
+        out.emit_json("store.ls", {"prefix": prefix, "truncated": truncated,
+                                   "objects": [_info_row(o) for o in objects]})
+        return
+    if not objects:
+        out.info(f"no objects under {prefix!r}")
+        return
+    table = Table(title=f"{len(objects)} objects under {prefix!r}"
+                  + (" (truncated)" if truncated else ""), title_justify="left")
+    for col in ("key", "size", "tier", "replicas"):
+        table.add_column(col, justify="right" if col == "size" else "left")
+    for o in objects:
+        table.add_row(Text(o.key), format_size(o.size), o.tier, ", ".join(o.replicas))
+    out.print(table)
+
+
+@app.command()
+def stat(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="Object key.")],
+    master: MasterOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Show an object's size, checksum, tier, replicas, lease and pin. Exits 1 when absent.
+
+    Example: kvctl store stat model/block-0
+    """
+    with _client(ctx, master) as client:
+        info = client.stat(key)
+    out = global_options(ctx).output(json_mode=json_)
+    row = _info_row(info)
+    if json_:
+        out.emit_json("store.stat", row)
+        return
+    table = Table(show_header=False, title=key, title_justify="left")
+    table.add_column("field")
+    table.add_column("value")
+    for name, value in row.items():
+        table.add_row(name, Text(str(value)))
+    out.print(table)
+
+
+@app.command("rm")
+def rm(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(help="Object key.")],
+    master: MasterOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Remove an object. Exits 1 when it was not there.
+
+    Example: kvctl store rm model/block-0
+    """
+    from kvctl.store.errors import ObjectNotFoundError
+
+    with _client(ctx, master) as client:
+        existed = client.remove(key)
+    if not existed:
+        raise ObjectNotFoundError(key)
+    out = global_options(ctx).output(json_mode=json_)
+    if json_:
+        out.emit_json("store.rm", {"key": key, "removed": True})
+    else:
+        out.info(f"removed {key!r}")
+
+
+@app.command()
+def status(
+    ctx: typer.Context,
+    master: MasterOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Show nodes, capacity, usage, evictions and objects per tier.
+
+    Example: kvctl store status --master 10.0.0.5:50051
+    """
+    with _client(ctx, master) as client:
+        st = client.status()
+        address = client.master
+    out = global_options(ctx).output(json_mode=json_)
+    if json_:
+        out.emit_json("store.status", {"master": address, **_status_dict(st)})
+        return
+    out.print(f"master {address}: {st.objects} objects, {format_size(st.used_bytes)} of "
+              f"{format_size(st.capacity_bytes)} DRAM used, {st.evictions} evictions "
+              f"({st.ssd_evictions} from SSD), {st.lost} lost; tiers "
+              + ", ".join(f"{k} {v}" for k, v in st.tiers.items()) + f"; state {st.state}")
+    table = Table(title="nodes", title_justify="left")
+    for col in ("node", "alive", "DRAM used", "objects", "SSD", "SSD used", "endpoint",
+                "heartbeat"):
+        table.add_column(col)
+    for n in st.nodes:
+        table.add_row(Text(n.node_id), "yes" if n.alive else "no",
+                      f"{format_size(n.used_bytes)} / {format_size(n.capacity_bytes)}",
+                      str(n.objects), n.ssd_policy,
+                      f"{format_size(n.ssd_used_bytes)} / {format_size(n.ssd_capacity_bytes)}"
+                      if n.ssd_policy != "off" else "-", n.endpoint,
+                      f"{n.last_heartbeat_s:.1f} s ago")
+    out.print(table)
+
+
+def _plain(obj: Any) -> Any:
+    """Structs (encoded as arrays on the wire) as JSON-ready mappings."""
+    fields = getattr(obj, "__struct_fields__", None)
+    if fields is not None:
+        return {f: _plain(getattr(obj, f)) for f in fields}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def _status_dict(st: p.StoreStatus) -> dict[str, Any]:
+    out: dict[str, Any] = _plain(st)
+    return out
+
+
+# ---------------------------------------------------------------- smoke
+
+
+@app.command()
+def smoke(
+    ctx: typer.Context,
+    master: MasterOpt = None,
+    backend: BackendOpt = "kvctl",
+    json_: JsonOpt = False,
+) -> None:
+    """Validate a store end to end; exits 1 naming each failed check.
+
+    Checks: sizes 4 KiB to 16 MiB, batches, concurrent clients, exists/remove, replica
+    failover, eviction under pressure, SSD round trip; contents verified byte for byte.
+
+    Without --master it starts its own store (kvctl: master + 2 nodes, one with SSD;
+    mooncake: a mooncake_master on loopback).
+
+    Example: kvctl store smoke --master 10.0.0.5:50051 --json
+    """
+    _check_backend(backend)
+    opts = global_options(ctx)
+    settings = opts.settings(StoreSettings, master=master)
+    common = opts.settings(CommonSettings)
+    out = opts.output(json_mode=json_)
+    with out.progress("store smoke", total=8) as bar:
+        def step(name: str) -> None:
+            bar.update(bar.task_ids[0], advance=1, description=f"store smoke: {name}")
+            out.debug(f"check {name}")
+
+        if backend == "mooncake":
+            report = run_mooncake(settings.master or None, progress=step)
+        else:
+            report = run_kvctl(settings.master or None, token=common.token, progress=step)
+    _render_smoke(out, report, json_)
+    if report.failed:
+        names = ", ".join(c.name for c in report.failed)
+        first = report.failed[0]
+        raise CheckFailedError(f"store smoke ({report.backend}): failed {names}: "
+                               f"{first.detail}", "see the table above; rerun with -v")
+
+
+def _render_smoke(out: Output, report: SmokeReport, json_: bool) -> None:
+    if json_:
+        out.emit_json("store.smoke", {"backend": report.backend, "target": report.target,
+                                      "ok": not report.failed, "checks": report.checks})
+        return
+    table = Table(title=f"store smoke: {report.backend} ({report.target})",
+                  title_justify="left")
+    for col in ("check", "result", "time", "detail"):
+        table.add_column(col)
+    styles = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+    for c in report.checks:
+        table.add_row(c.name, Text(c.status, style=styles[c.status]),
+                      f"{c.duration_s:.2f} s", Text(c.detail))
+    out.print(table)

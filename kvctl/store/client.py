@@ -1,0 +1,641 @@
+"""The store client: put/get/batch/zero-copy against a master and its storage nodes.
+
+A get is one master round trip (locations, and a lease that keeps the object from being
+evicted or its space reused while it is read) plus one transfer-engine READ from the first
+replica; the bytes are verified against the object's xxh3 checksum and, on a transfer
+failure or a mismatch, read from the next replica. A put is one master round trip
+(allocation on ``replicas`` distinct nodes), one engine WRITE per replica, and a commit sent
+without waiting for an answer (the next request on that connection is ordered after it; a
+reader that races the commit sees the object as *pending*, reads it, and accepts it only if
+the checksum matches).
+
+Absence and failure stay distinct: a missing key raises (or, in batch results, is)
+:class:`~kvctl.store.errors.ObjectNotFoundError`; anything else is a
+:class:`~kvctl.store.errors.StoreError` or :class:`~kvctl.store.errors.StoreUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import mmap
+import secrets
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from kvctl.errors import KvctlError
+from kvctl.store import protocol as p
+from kvctl.store.allocator import ExtentAllocator
+from kvctl.store.checksum import checksum
+from kvctl.store.errors import (
+    BadRequestError,
+    ChecksumMismatchError,
+    ObjectNotFoundError,
+    ProtocolError,
+    StoreError,
+    StoreUnavailableError,
+)
+from kvctl.store.rpc import MasterPool, error_from
+from kvctl.store.shmmap import SharedMapping
+from kvctl.transfer.admin import segment_key
+from kvctl.transfer.batch import OpCode, TransferRequest
+from kvctl.transfer.engine import TransferEngine
+from kvctl.transfer.segments import find_buffer
+
+_log = logging.getLogger("kvctl.store.client")
+
+#: Default size of the client's staging buffer (bytes objects are copied through it).
+DEFAULT_STAGING_BYTES = 64 << 20
+
+Buffer = bytes | bytearray | memoryview
+
+
+class _Staging:
+    """A registered buffer carved into per-request ranges."""
+
+    def __init__(self, engine: TransferEngine, name: str, size_bytes: int) -> None:
+        self.name = name
+        self._mem = mmap.mmap(-1, size_bytes)
+        self.view = memoryview(self._mem)
+        engine.register_memory(name, [self._mem])
+        self._alloc = ExtentAllocator(size_bytes, alignment_bytes=4096)
+        self._cond = threading.Condition()
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._alloc.capacity_bytes
+
+    def take(self, size: int, *, wait_s: float) -> int | None:
+        """An offset for ``size`` bytes, waiting up to ``wait_s`` for others to free space;
+        ``None`` when it does not fit."""
+        with self._cond:
+            offset = self._alloc.allocate(size)
+            if offset is None and wait_s > 0:
+                self._cond.wait_for(lambda: self._alloc.largest_free_bytes >= self._alloc
+                                    .rounded(size), timeout=wait_s)
+                offset = self._alloc.allocate(size)
+            return offset
+
+    def give(self, offset: int, size: int) -> None:
+        with self._cond:
+            self._alloc.free(offset, size)
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        self.view.release()
+        with contextlib.suppress(BufferError):
+            self._mem.close()
+
+
+class _Registered:
+    __slots__ = ("address", "name", "nbytes", "obj")
+
+    def __init__(self, name: str, address: int, nbytes: int, obj: Any) -> None:
+        self.name, self.address, self.nbytes, self.obj = name, address, nbytes, obj
+
+
+def _address(view: memoryview) -> int | None:
+    if view.readonly or view.nbytes == 0:
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+class StoreClient:
+    """Connect to the master at ``master`` (``HOST:PORT``). Thread-safe; ``close()`` twice
+    is fine.
+
+    Args:
+        master: master address.
+        token: shared secret (master and data path).
+        replicas: copies each put stores (on distinct nodes).
+        transport: transfer-engine transport: ``auto`` (shm on the same host, else tcp),
+            ``shm`` or ``tcp``.
+        staging_bytes: size of the registered staging buffer for ``bytes`` values.
+        timeout_s: per-operation timeout, seconds.
+        lease: ask for a lease on gets (protects objects being read from eviction).
+
+    Raises:
+        StoreUnavailableError: the master cannot be reached.
+    """
+
+    def __init__(self, master: str, *, token: str | None = None, replicas: int = 1,
+                 transport: str = "auto", staging_bytes: int = DEFAULT_STAGING_BYTES,
+                 timeout_s: float = 30.0, lease: bool = True) -> None:
+        if replicas < 1:
+            raise BadRequestError(f"replicas {replicas} is below 1", "ask for 1 or more")
+        self.master = master
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self.lease = lease
+        self._pool = MasterPool(master, token=token, timeout_s=timeout_s)
+        name = f"store-client-{secrets.token_hex(6)}"
+        self.engine = TransferEngine(name, metadata=f"memory://kvctl-{name}",
+                                     transport=transport, token=token, timeout_s=timeout_s)
+        self._known: set[str] = set()
+        self._known_lock = threading.Lock()
+        #: same-host segments mapped for copies in the caller's thread (see _move).
+        self._inline: dict[str, tuple[list[int], list[int], list[SharedMapping]]] = {}
+        self._inline_ok = transport in ("auto", "shm")
+        #: leases to end, sent with the next request (no message of their own).
+        self._releases: list[tuple[str, int]] = []
+        self._registered: list[_Registered] = []
+        try:
+            self._staging = _Staging(self.engine, f"{name}.staging", staging_bytes)
+        except BaseException:
+            self.engine.close()
+            self._pool.close()
+            raise
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the engine and the master connections."""
+        if self._closed:
+            return
+        with contextlib.suppress(KvctlError):
+            self._flush_releases()
+        self._closed = True
+        for _, _, bufs in self._inline.values():
+            for buf in bufs:
+                buf.close()
+        self._inline.clear()
+        self.engine.close()
+        self._staging.close()
+        self._pool.close()
+
+    def __enter__(self) -> StoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def register_buffer(self, buffer: Any) -> None:
+        """Register a writable buffer (bytearray, mmap, numpy array) for zero-copy
+        :meth:`get_into`/:meth:`batch_get_into`/:meth:`put_from` on views of it."""
+        view = memoryview(buffer).cast("B")
+        address = _address(view)
+        if address is None:
+            raise BadRequestError("only writable, non-empty buffers can be registered",
+                                  "pass a bytearray, mmap or numpy array")
+        name = f"{self.engine.name}.user{len(self._registered)}"
+        self.engine.register_memory(name, [buffer])
+        self._registered.append(_Registered(name, address, view.nbytes, buffer))
+
+    def _find_registered(self, view: memoryview) -> tuple[str, int] | None:
+        address = _address(view)
+        if address is None:
+            return None
+        for reg in self._registered:
+            if reg.address <= address and address + view.nbytes <= reg.address + reg.nbytes:
+                return reg.name, address - reg.address
+        return None
+
+    # ------------------------------------------------------------------ master calls
+
+    def _call(self, msg: Any) -> p.Reply:
+        if self._closed:
+            raise StoreError("store client is closed", "open a new StoreClient")
+        return self._pool.call(msg)
+
+    def _expect(self, reply: p.Reply, cls: type[Any], key: str | None = None) -> Any:
+        if isinstance(reply, cls):
+            return reply
+        if isinstance(reply, p.Fail):
+            raise error_from(reply.error, key=key)
+        raise ProtocolError(f"unexpected {type(reply).__name__} reply from the master",
+                            "use the same kvctl version as the master")
+
+    def _ensure_segments(self, names: set[str]) -> None:
+        with self._known_lock:
+            missing = names - self._known
+        if not missing:
+            return
+        reply = self._expect(self._call(p.Nodes()), p.NodesReply)
+        metadata = self.engine.metadata
+        live = {node.segment for node in reply.nodes}
+        with self._known_lock:
+            for node in reply.nodes:
+                if node.segment not in self._known and node.descriptor:
+                    metadata.put(segment_key(self.engine.cluster_id, node.segment),
+                                 node.descriptor)
+                    self._known.add(node.segment)
+                    self._map_inline(node.segment)
+            for gone in [s for s in self._inline if s not in live]:
+                for buf in self._inline.pop(gone)[2]:
+                    buf.close()
+
+    def _map_inline(self, segment: str) -> None:
+        """Map a same-host node segment so small copies skip the engine's worker thread."""
+        if not self._inline_ok:
+            return
+        try:
+            handle = self.engine.open_segment(segment)
+            if handle.transport != "shm" or handle.kind != "shm":
+                return
+            bufs = [SharedMapping(b, segment=segment, populate="read")
+                    for b in handle.buffers]
+        except KvctlError as exc:
+            _log.info("segment %s: no inline mapping (%s); using the engine", segment,
+                      exc.cause)
+            return
+        self._inline[segment] = ([b.offset for b in bufs], [b.length for b in bufs], bufs)
+
+    def _take_releases(self) -> tuple[list[str], list[int]]:
+        with self._known_lock:
+            pending, self._releases = self._releases, []
+        return [k for k, _ in pending], [v for _, v in pending]
+    def _move(self, op: OpCode, reqs: list[TransferRequest], views: list[memoryview]
+              ) -> list[str | None]:
+        """Run ``reqs`` (local side ``views``); per request ``None`` (done) or the cause.
+
+        Same-host shm segments are copied in this thread through the engine's shared
+        mapping (two thread hand-offs less than a batch on the engine's shm worker); the
+        rest goes through the engine as one batch.
+        """
+        if not reqs:
+            return []
+        try:
+            self._ensure_segments({r.target_segment for r in reqs})
+        except KvctlError as exc:
+            return [exc.cause] * len(reqs)
+        out: list[str | None] = [None] * len(reqs)
+        rest: list[int] = []
+        read = op is OpCode.READ
+        for i, req in enumerate(reqs):
+            mapped = self._inline.get(req.target_segment)
+            if mapped is None:
+                rest.append(i)
+                continue
+            try:
+                bi, rel = find_buffer(mapped[0], mapped[1], req.target_offset, req.length,
+                                      segment=req.target_segment)
+                remote = mapped[2][bi].view
+                if read:
+                    views[i][:req.length] = remote[rel:rel + req.length]
+                else:
+                    remote[rel:rel + req.length] = views[i][:req.length]
+            except (KvctlError, ValueError) as exc:
+                out[i] = getattr(exc, "cause", None) or str(exc)
+        if rest:
+            done = self._engine_move(op, [reqs[i] for i in rest])
+            for i, cause in zip(rest, done, strict=True):
+                out[i] = cause
+        return out
+
+    def _engine_move(self, op: OpCode, reqs: list[TransferRequest]) -> list[str | None]:
+        engine = self.engine
+        try:
+            batch = engine.allocate_batch(len(reqs))
+            engine.submit(batch, reqs)
+            result = engine.wait(batch, self.timeout_s)
+            statuses = None if result.ok else engine.status(batch)
+            engine.free_batch(batch)
+        except KvctlError as exc:
+            if len(reqs) > 1:  # one unreachable target must not fail the others
+                out: list[str | None] = []
+                for r in reqs:
+                    out.extend(self._engine_move(op, [r]))
+                return out
+            return [exc.cause]
+        if statuses is None:
+            return [None] * len(reqs)
+        return [None if s.state.value == "completed" else (s.cause or s.state.value)
+                for s in statuses]
+
+    # ------------------------------------------------------------------ put
+
+    def put(self, key: str, value: Buffer) -> None:
+        """Store ``value`` under ``key`` (replacing any previous value).
+
+        Raises:
+            StoreFullError: no room even after eviction.
+            StoreUnavailableError: master or nodes unreachable.
+        """
+        err = self.batch_put([(key, value)])[0]
+        if err is not None:
+            raise err
+
+    def put_from(self, key: str, view: memoryview) -> None:
+        """Like :meth:`put`, writing straight from a view of a registered buffer."""
+        self.put(key, view)
+
+    def batch_put(self, items: Sequence[tuple[str, Buffer]]) -> list[KvctlError | None]:
+        """Store many objects in one master round trip; per item ``None`` or its error."""
+        views = [memoryview(v).cast("B") for _, v in items]
+        keys = [k for k, _ in items]
+        sums = [checksum(v) for v in views]
+        out: list[KvctlError | None] = [None] * len(items)
+        for start, end in self._chunks([v.nbytes for v in views]):
+            reply = self._expect(self._call(p.Put(
+                items=[p.PutItem(keys[i], views[i].nbytes, sums[i]) for i in range(start, end)],
+                replicas=self.replicas)), p.PutReply)
+            self._write_chunk(keys, views, reply.slots, start, out)
+        return out
+
+    def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
+        """Split a batch so each chunk fits in half the staging buffer."""
+        limit = max(1, self._staging.capacity_bytes // 2)
+        chunks: list[tuple[int, int]] = []
+        start, total = 0, 0
+        for i, size in enumerate(sizes):
+            if i > start and (total + size > limit or i - start >= p.MAX_BATCH):
+                chunks.append((start, i))
+                start, total = i, 0
+            total += size
+        if sizes:
+            chunks.append((start, len(sizes)))
+        return chunks
+
+    def _write_chunk(self, keys: list[str], views: list[memoryview],
+                     slots: list[p.PutSlot | p.ErrorInfo], start: int,
+                     out: list[KvctlError | None]) -> None:
+        reqs: list[TransferRequest] = []
+        locals_: list[memoryview] = []
+        owners: list[int] = []
+        staged: list[tuple[int, int]] = []
+        temps: list[str] = []
+        commits: list[tuple[int, int]] = []  # (item index, version)
+        with contextlib.suppress(KvctlError):  # unreachable: each write reports it below
+            self._ensure_segments({loc.segment for s in slots if isinstance(s, p.PutSlot)
+                                   for loc in s.locations})
+        try:
+            for j, slot in enumerate(slots):
+                i = start + j
+                if isinstance(slot, p.ErrorInfo):
+                    out[i] = error_from(slot, key=keys[i])
+                    continue
+                if slot.skip:
+                    continue
+                commits.append((i, slot.version))
+                view = views[i]
+                if view.nbytes == 0:
+                    continue
+                inline = all(loc.segment in self._inline for loc in slot.locations)
+                src = ("", 0) if inline else self._source(view, staged, temps)
+                for loc in slot.locations:
+                    reqs.append(TransferRequest(OpCode.WRITE, src[0], src[1], loc.segment,
+                                                loc.offset, view.nbytes))
+                    locals_.append(view)
+                    owners.append(i)
+            failures = self._move(OpCode.WRITE, reqs, locals_)
+        finally:
+            for offset, size in staged:
+                self._staging.give(offset, size)
+            for name in temps:
+                self.engine.unregister_segment(name)
+        for i, cause in zip(owners, failures, strict=True):
+            if cause is not None and out[i] is None:
+                out[i] = StoreUnavailableError(f"writing {keys[i]!r} to a node failed: {cause}",
+                                               "check the storage nodes (kvctl store status)")
+        good = [(keys[i], v) for i, v in commits if out[i] is None]
+        bad = [(keys[i], v) for i, v in commits if out[i] is not None]
+        with self._pool.connection() as conn:
+            if good:
+                conn.send(p.Commit(keys=[k for k, _ in good], versions=[v for _, v in good]))
+            if bad:
+                conn.send(p.Commit(keys=[k for k, _ in bad], versions=[v for _, v in bad],
+                                   ok=False))
+
+    def _source(self, view: memoryview, staged: list[tuple[int, int]], temps: list[str]
+                ) -> tuple[str, int]:
+        reg = self._find_registered(view)
+        if reg is not None:
+            return reg
+        size = view.nbytes
+        if size <= self._staging.capacity_bytes:
+            offset = self._staging.take(size, wait_s=self.timeout_s)
+            if offset is not None:
+                staged.append((offset, size))
+                self._staging.view[offset:offset + size] = view
+                return self._staging.name, offset
+        name = f"{self.engine.name}.tmp{secrets.token_hex(4)}"
+        self.engine.register_memory(name, [bytearray(view)])
+        temps.append(name)
+        return name, 0
+
+    # ------------------------------------------------------------------ get
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``.
+
+        Raises:
+            ObjectNotFoundError: the key is not stored (or was evicted).
+            ChecksumMismatchError: every replica returned bytes that fail the checksum.
+            StoreUnavailableError: master or every replica's node unreachable.
+        """
+        result = self.batch_get([key])[0]
+        if isinstance(result, KvctlError):
+            raise result
+        return result
+
+    def get_into(self, key: str, buffer: Any) -> int:
+        """Read ``key`` into ``buffer`` (zero-copy when it is inside a registered buffer);
+        returns the object size in bytes."""
+        result = self.batch_get_into([key], [buffer])[0]
+        if isinstance(result, KvctlError):
+            raise result
+        return result
+
+    def batch_get(self, keys: Sequence[str]) -> list[bytes | KvctlError]:
+        """Values of many keys in one master round trip; per key bytes or its error."""
+        out: list[bytes | KvctlError] = []
+        for start, end in self._key_chunks(len(keys)):
+            out.extend(self._get_chunk(list(keys[start:end]), None))
+        return out
+
+    def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]
+                       ) -> list[int | KvctlError]:
+        """Read many keys into caller buffers; per key the size or its error."""
+        if len(keys) != len(buffers):
+            raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers",
+                                  "pass one buffer per key")
+        out: list[int | KvctlError] = []
+        for start, end in self._key_chunks(len(keys)):
+            views = [memoryview(b).cast("B") for b in buffers[start:end]]
+            for r in self._get_chunk(list(keys[start:end]), views):
+                out.append(r if isinstance(r, KvctlError) else len(r) if isinstance(r, bytes)
+                           else r)
+        return out
+
+    def _key_chunks(self, n: int) -> list[tuple[int, int]]:
+        step = p.MAX_BATCH
+        return [(i, min(n, i + step)) for i in range(0, n, step)] or [(0, 0)]
+
+    def _get_chunk(self, keys: list[str], dests: list[memoryview] | None
+                   ) -> list[Any]:
+        if not keys:
+            return []
+        rkeys, rversions = self._take_releases()
+        reply = self._expect(self._call(p.Get(keys=keys, lease=self.lease, release_keys=rkeys,
+                                              release_versions=rversions)), p.GetReply)
+        out: list[Any] = [None] * len(keys)
+        todo: list[int] = []
+        slots: dict[int, p.GetSlot] = {}
+        for i, slot in enumerate(reply.slots):
+            if isinstance(slot, p.ErrorInfo):
+                out[i] = error_from(slot, key=keys[i])
+            elif dests is not None and dests[i].nbytes < slot.size:
+                out[i] = BadRequestError(f"buffer of {dests[i].nbytes} bytes is too small for "
+                                         f"{keys[i]!r} ({slot.size} bytes)",
+                                         "pass a larger buffer")
+            elif slot.size == 0:
+                out[i] = 0 if dests is not None else b""
+            else:
+                todo.append(i)
+                slots[i] = slot
+        causes: dict[int, list[str]] = {i: [] for i in todo}
+        attempt = 0
+        while todo:
+            reqs: list[TransferRequest] = []
+            placed: list[tuple[int, memoryview, tuple[int, int] | None, str | None]] = []
+            nxt: list[int] = []
+            try:
+                with contextlib.suppress(KvctlError):  # unreachable: each read reports it
+                    self._ensure_segments({slots[i].locations[attempt].segment for i in todo})
+                for i in todo:
+                    slot = slots[i]
+                    loc = slot.locations[attempt]
+                    if dests is None and loc.segment in self._inline:
+                        # Same host, value wanted as bytes: one copy straight out of the
+                        # node's pages.
+                        data = self._inline_read(loc)
+                        if data is not None and checksum(data) == slot.checksum:
+                            out[i] = data
+                            continue
+                        causes[i].append(f"{loc.node_id}: checksum mismatch" if data
+                                         is not None else f"{loc.node_id}: out of range")
+                        if attempt + 1 < len(slot.locations):
+                            nxt.append(i)
+                        else:
+                            out[i] = self._read_failure(keys[i], slot, causes[i])
+                        continue
+                    dest, local, stage, temp = self._dest(
+                        slot.size, dests[i] if dests else None,
+                        inline=loc.segment in self._inline)
+                    placed.append((i, dest, stage, temp))
+                    reqs.append(TransferRequest(OpCode.READ, local[0], local[1], loc.segment,
+                                                loc.offset, slot.size))
+                failures = self._move(OpCode.READ, reqs, [d for _, d, _, _ in placed])
+                for (i, dest, _, _), cause in zip(placed, failures, strict=True):
+                    slot = slots[i]
+                    node = slot.locations[attempt].node_id
+                    if cause is None and checksum(dest[:slot.size]) == slot.checksum:
+                        if dests is not None:
+                            if dest is not dests[i]:  # staged: copy out
+                                dests[i][:slot.size] = dest[:slot.size]
+                            out[i] = slot.size
+                        else:
+                            out[i] = bytes(dest[:slot.size])
+                        continue
+                    causes[i].append(f"{node}: {cause}" if cause else
+                                     f"{node}: checksum mismatch")
+                    if attempt + 1 < len(slot.locations):
+                        nxt.append(i)
+                    else:
+                        out[i] = self._read_failure(keys[i], slot, causes[i])
+            finally:
+                for _, _, stage, temp in placed:
+                    if stage is not None:
+                        self._staging.give(*stage)
+                    if temp is not None:
+                        self.engine.unregister_segment(temp)
+            todo = nxt
+            attempt += 1
+        if self.lease:
+            done = [(s.key, s.version) for s in slots.values() if not s.pending]
+            with self._known_lock:
+                self._releases.extend(done)
+                flush = len(self._releases) >= p.MAX_BATCH
+            if flush:
+                self._flush_releases()
+        return out
+
+    def _inline_read(self, loc: p.Location) -> bytes | None:
+        mapped = self._inline[loc.segment]
+        try:
+            bi, rel = find_buffer(mapped[0], mapped[1], loc.offset, loc.size,
+                                  segment=loc.segment)
+        except KvctlError:
+            return None
+        return bytes(mapped[2][bi].view[rel:rel + loc.size])
+
+    def _flush_releases(self) -> None:
+        keys, versions = self._take_releases()
+        if keys:
+            with self._pool.connection() as conn:
+                conn.send(p.Release(keys=keys, versions=versions))
+
+    def _dest(self, size: int, user: memoryview | None, *, inline: bool
+              ) -> tuple[memoryview, tuple[str, int], tuple[int, int] | None, str | None]:
+        if user is not None:
+            if inline:
+                return user, ("", 0), None, None
+            reg = self._find_registered(user)
+            if reg is not None:
+                return user, reg, None, None
+        elif inline:
+            return memoryview(bytearray(size)), ("", 0), None, None
+        if size <= self._staging.capacity_bytes:
+            offset = self._staging.take(size, wait_s=self.timeout_s)
+            if offset is not None:
+                return (self._staging.view[offset:offset + size],
+                        (self._staging.name, offset), (offset, size), None)
+        buf = bytearray(size)
+        name = f"{self.engine.name}.tmp{secrets.token_hex(4)}"
+        self.engine.register_memory(name, [buf])
+        return memoryview(buf), (name, 0), None, name
+
+    def _read_failure(self, key: str, slot: p.GetSlot, causes: list[str]) -> KvctlError:
+        if slot.pending:
+            return ObjectNotFoundError(key, why="its put has not completed")
+        if all(c.endswith("checksum mismatch") for c in causes):
+            return ChecksumMismatchError(
+                f"every replica of {key!r} failed its checksum ({'; '.join(causes)})",
+                "the object may have been overwritten meanwhile; retry the get")
+        return StoreUnavailableError(f"no replica of {key!r} could be read: "
+                                     f"{'; '.join(causes)}",
+                                     "check the storage nodes (kvctl store status)")
+
+    # ------------------------------------------------------------------ metadata
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is stored."""
+        return self.batch_exists([key])[0]
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key is stored."""
+        reply = self._expect(self._call(p.Exists(keys=list(keys))), p.Bools)
+        return list(reply.values)
+
+    def remove(self, key: str) -> bool:
+        """Remove ``key``; ``True`` if it existed."""
+        return self.batch_remove([key])[0]
+
+    def batch_remove(self, keys: Sequence[str]) -> list[bool]:
+        """Remove many keys; ``True`` where one existed."""
+        reply = self._expect(self._call(p.Remove(keys=list(keys))), p.Bools)
+        return list(reply.values)
+
+    def list(self, prefix: str = "", *, limit: int = 10000) -> tuple[list[p.ObjectInfo], bool]:
+        """Objects whose keys start with ``prefix`` (sorted) and whether the list was cut."""
+        reply = self._expect(self._call(p.ListKeys(prefix=prefix, limit=limit)), p.KeyList)
+        return list(reply.objects), reply.truncated
+
+    def stat(self, key: str) -> p.ObjectInfo:
+        """Metadata of ``key``.
+
+        Raises:
+            ObjectNotFoundError: the key is not stored.
+        """
+        return self._expect(self._call(p.Stat(key=key)), p.StatReply, key).info  # type: ignore[no-any-return]
+
+    def pin(self, key: str, pinned: bool = True) -> None:
+        """Pin ``key`` so it is never evicted (or unpin it)."""
+        self._expect(self._call(p.Pin(key=key, pinned=pinned)), p.Ok, key)
+
+    def status(self) -> p.StoreStatus:
+        """Nodes, capacity, usage, evictions and tiers."""
+        return self._expect(self._call(p.Status()), p.StatusReply).status  # type: ignore[no-any-return]

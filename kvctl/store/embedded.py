@@ -1,0 +1,171 @@
+"""The embedded store: a master and one storage node in one process, found by clients
+through a discovery file.
+
+``kvctl store serve`` runs :class:`EmbeddedStore` on ``127.0.0.1:50051`` by default and
+writes ``$XDG_RUNTIME_DIR/kvctl/store.json`` (else ``/tmp/kvctl-<uid>/store.json``) with
+the master address and its pid; client commands without ``--master`` read it (ignoring it
+when that pid is gone) and fall back to ``127.0.0.1:50051``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from pathlib import Path
+
+from kvctl.errors import UsageError
+from kvctl.net.bind import parse_listen
+from kvctl.store.master import MasterConfig, MasterCore
+from kvctl.store.node import StorageNode, default_capacity_bytes
+from kvctl.store.server import MasterServer
+from kvctl.store.settings import DEFAULT_MASTER, DEFAULT_PORT, StoreSettings
+from kvctl.store.state import open_state
+
+_log = logging.getLogger("kvctl.store")
+
+
+def runtime_dir() -> Path:
+    """Where the discovery file lives (the user's runtime directory)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and Path(base).is_dir():
+        return Path(base) / "kvctl"
+    return Path(f"/tmp/kvctl-{os.getuid()}")
+
+
+def discovery_path() -> Path:
+    """The embedded store's discovery file."""
+    return runtime_dir() / "store.json"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def resolve_master(settings: StoreSettings) -> str:
+    """The master address to use: the setting, else the discovery file, else the default."""
+    if settings.master:
+        return settings.master
+    path = discovery_path()
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        info = json.loads(path.read_text(encoding="utf-8"))
+        if _pid_alive(int(info["pid"])):
+            return str(info["master"])
+    return DEFAULT_MASTER
+
+
+def master_config(settings: StoreSettings) -> MasterConfig:
+    """Master policy from settings (validated)."""
+    if not 0 < settings.high_watermark <= 1 or not (
+            0 <= settings.evict_ratio < settings.high_watermark):
+        raise UsageError(
+            f"high_watermark {settings.high_watermark} / evict_ratio {settings.evict_ratio} "
+            "are out of range", "use 0 < evict_ratio < high_watermark <= 1, e.g. 0.95 and 0.05")
+    if settings.replicas < 1:
+        raise UsageError(f"replicas {settings.replicas} is below 1", "use 1 or more")
+    return MasterConfig(high_watermark=settings.high_watermark,
+                        evict_ratio=settings.evict_ratio, lease_ttl_s=settings.lease_ttl,
+                        node_timeout_s=settings.node_timeout,
+                        default_replicas=settings.replicas)
+
+
+def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str = ""
+                 ) -> MasterServer:
+    """A master listening on ``settings.listen`` with the configured state backend."""
+    host, port = parse_listen(settings.listen, default_port=DEFAULT_PORT)
+    config = master_config(settings)
+    state = open_state(settings.state, cluster_id=cluster_id, token=token)
+    try:
+        core = MasterCore(config, state)
+    except BaseException:
+        state.close()
+        raise
+    metrics = None
+    if settings.metrics_port is not None:
+        from kvctl.store.metrics import master_metrics
+
+        metrics = master_metrics(core)
+    try:
+        server = MasterServer(core, host=host, port=port, token=token, metrics=metrics)
+    except BaseException:
+        core.close()
+        raise
+    if metrics is not None and settings.metrics_port is not None:
+        try:
+            server.metrics_port = metrics.serve(host, settings.metrics_port)
+        except BaseException:
+            server.close()
+            raise
+    return server
+
+
+def start_node(settings: StoreSettings, master: str, *, token: str | None) -> StorageNode:
+    """A storage node for ``master`` with the configured capacity and SSD tier."""
+    capacity = settings.capacity or default_capacity_bytes()
+    return StorageNode(master, node_id=settings.node_id or None, capacity_bytes=capacity,
+                       ssd_dir=settings.ssd, ssd_capacity_bytes=settings.ssd_capacity,
+                       ssd_policy=settings.ssd_policy, listen=settings.node_listen,
+                       token=token, heartbeat_s=min(0.5, settings.node_timeout / 4))
+
+
+class EmbeddedStore:
+    """Master + one node in this process (``close()`` stops both; idempotent).
+
+    Args:
+        settings: store settings (``listen``, ``capacity``, ``ssd``...).
+        token: shared secret, or ``None``.
+        write_discovery: publish the master address in the discovery file.
+    """
+
+    def __init__(self, settings: StoreSettings, *, token: str | None = None,
+                 write_discovery: bool = False) -> None:
+        self.server = start_master(settings, token=token)
+        try:
+            self.node = start_node(settings, self.server.address, token=token)
+        except BaseException:
+            self.server.close()
+            raise
+        self._discovery: Path | None = None
+        if write_discovery:
+            self._write_discovery()
+
+    @property
+    def address(self) -> str:
+        """The master's ``host:port``."""
+        return self.server.address
+
+    def _write_discovery(self) -> None:
+        path = discovery_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"master": self.address, "pid": os.getpid()}),
+                           encoding="utf-8")
+            tmp.replace(path)
+            self._discovery = path
+        except OSError as exc:
+            _log.warning("could not write discovery file %s: %s", path, exc)
+
+    def close(self) -> None:
+        """Stop the node, then the master; remove the discovery file."""
+        if self._discovery is not None:
+            with contextlib.suppress(OSError):
+                info = json.loads(self._discovery.read_text(encoding="utf-8"))
+                if info.get("pid") == os.getpid():
+                    self._discovery.unlink()
+            self._discovery = None
+        self.node.close()
+        self.server.close()
+
+    def __enter__(self) -> EmbeddedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,214 @@
+"""A storage node: contributes a DRAM segment (and optionally an SSD directory) to the store.
+
+The DRAM segment is a shared-memory segment registered with a
+:class:`~kvctl.transfer.engine.TransferEngine`, so clients move bytes in and out through
+the engine (``shm`` on the same host, ``tcp`` otherwise) without the node's Python code on
+the path: the engine's target server answers READ/WRITE frames, or a same-host client copies
+through the shared mapping. The node itself only runs the control loop: register with the
+master, heartbeat (a long poll that also brings tasks), and carry out SSD tasks on its own
+memory (persist: DRAM → file; load: file → DRAM, verified; drop). Those tasks run on the
+node's thread, never on a client's put or get.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from pathlib import Path
+
+from kvctl.errors import KvctlError, UsageError
+from kvctl.store import protocol as p
+from kvctl.store.errors import StoreUnavailableError
+from kvctl.store.master import SSD_POLICIES
+from kvctl.store.rpc import MasterConnection
+from kvctl.store.shmmap import SharedMapping
+from kvctl.store.ssd import SsdCorruptError, SsdMissingError, SsdStaleError, SsdTier
+from kvctl.transfer.engine import TransferEngine
+from kvctl.transfer.segments import SegmentInfo
+
+_log = logging.getLogger("kvctl.store.node")
+
+
+class StorageNode:
+    """Run one storage node until :meth:`close`.
+
+    Args:
+        master: ``HOST:PORT`` of the master.
+        node_id: unique name of this node in the store.
+        capacity_bytes: DRAM contributed, bytes.
+        ssd_dir: SSD tier directory (``None``: no SSD tier).
+        ssd_capacity_bytes: most bytes kept on SSD.
+        ssd_policy: ``write-through`` or ``write-back`` (ignored without ``ssd_dir``).
+        listen: ``HOST:PORT`` of the data path (transfer engine target server).
+        token: shared secret for the master and the data path.
+        heartbeat_s: heartbeat long-poll period, seconds (keep well under the master's
+            node timeout).
+        ssd_fsync: fsync SSD files (durable across host crashes).
+    """
+
+    def __init__(self, master: str, *, node_id: str | None = None,
+                 capacity_bytes: int = 1 << 30, ssd_dir: Path | None = None,
+                 ssd_capacity_bytes: int = 64 << 30, ssd_policy: str = "write-through",
+                 listen: str = "127.0.0.1:0", token: str | None = None,
+                 heartbeat_s: float = 0.5, ssd_fsync: bool = False) -> None:
+        if capacity_bytes <= 0:
+            raise UsageError(f"node capacity {capacity_bytes} is not positive",
+                             "give --capacity a size such as 1GiB")
+        if ssd_policy not in SSD_POLICIES or (ssd_dir is not None and ssd_policy == "off"):
+            raise UsageError(f"unknown SSD policy {ssd_policy!r}",
+                             "use write-through or write-back")
+        self.master = master
+        self.node_id = node_id or f"node-{secrets.token_hex(3)}"
+        self.epoch = secrets.token_hex(8)
+        self.capacity_bytes = capacity_bytes
+        self._token = token
+        self._heartbeat_s = heartbeat_s
+        self._stop = threading.Event()
+        self.ssd: SsdTier | None = None
+        self.ssd_policy = "off"
+        self.ssd_capacity_bytes = 0
+        if ssd_dir is not None:
+            self.ssd = SsdTier(ssd_dir / self.node_id, fsync=ssd_fsync)
+            dropped = self.ssd.clear()  # new memory, new epoch: old files are orphans
+            if dropped:
+                _log.info("SSD tier %s: removed %d files of a previous run", ssd_dir, dropped)
+            self.ssd_policy = ssd_policy
+            self.ssd_capacity_bytes = ssd_capacity_bytes
+        self.segment = f"{self.node_id}.{self.epoch[:8]}"
+        self.engine = TransferEngine(f"store-{self.segment}",
+                                     metadata=f"memory://kvctl-store-{self.segment}",
+                                     listen=listen, token=token)
+        try:
+            self.engine.register_segment(self.segment, capacity_bytes, kind="shm")
+            self._info: SegmentInfo = self.engine.lookup(self.segment)
+            # Our own mapping of the segment, pre-faulted in the background: SSD tasks read
+            # and write through it, and no put or get pays a first-touch page fault.
+            self._buffer = SharedMapping(self._info.buffers[0], segment=self.segment,
+                                         populate="write")
+            self._conn = self._register()
+        except BaseException:
+            self.engine.close()
+            raise
+        self.tasks_done = 0
+        self._thread = threading.Thread(target=self._run, name=f"kvctl-node-{self.node_id}",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of the node's data path."""
+        return self.engine.address or ""
+
+    def _register(self) -> MasterConnection:
+        conn = MasterConnection(self.master, token=self._token)
+        try:
+            reply = conn.call(p.RegisterNode(
+                node_id=self.node_id, epoch=self.epoch, segment=self.segment,
+                endpoint=self.endpoint, host_id=self._info.host,
+                capacity_bytes=self.capacity_bytes,
+                ssd_capacity_bytes=self.ssd_capacity_bytes, ssd_policy=self.ssd_policy,
+                descriptor=self._info.to_json()))
+        except BaseException:
+            conn.close()
+            raise
+        if isinstance(reply, p.Fail):
+            conn.close()
+            raise StoreUnavailableError(f"master {self.master} refused node {self.node_id}: "
+                                        f"{reply.error.cause}", reply.error.hint or None)
+        return conn
+
+    def _run(self) -> None:
+        reports: list[p.TaskReport] = []
+        conn: MasterConnection | None = self._conn
+        while not self._stop.is_set():
+            try:
+                if conn is None:
+                    conn = self._register()
+                    self._conn = conn
+                    _log.info("node %s registered again with %s", self.node_id, self.master)
+                reply = conn.call(p.Heartbeat(node_id=self.node_id, epoch=self.epoch,
+                                              reports=reports, wait_s=self._heartbeat_s))
+                reports = []
+                if isinstance(reply, p.Fail):
+                    if reply.error.code == "unknown_node":
+                        conn.close()
+                        conn = None
+                        continue
+                    _log.warning("master refused heartbeat: %s", reply.error.cause)
+                elif isinstance(reply, p.Tasks):
+                    reports = [self._do(task) for task in reply.tasks]
+            except KvctlError as exc:
+                if self._stop.is_set():
+                    break
+                _log.warning("node %s: master %s unreachable (%s); retrying", self.node_id,
+                             self.master, exc.cause)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self._stop.wait(min(self._heartbeat_s, 0.5))
+        if conn is not None:
+            conn.close()
+
+    def _view(self, offset: int, size: int) -> memoryview:
+        view = self._buffer.view
+        if offset < 0 or offset + size > view.nbytes:
+            raise UsageError(f"range {offset}+{size} is outside node {self.node_id}'s segment",
+                             "the master and node disagree on the segment size")
+        return view[offset:offset + size]
+
+    def _do(self, task: p.Task) -> p.TaskReport:
+        self.tasks_done += 1
+        ssd = self.ssd
+        if ssd is None:
+            return p.TaskReport(task_id=task.task_id, ok=False, error="node has no SSD tier")
+        try:
+            if task.op == "persist":
+                ssd.write(task.key, task.version, self._view(task.offset, task.size),
+                          task.checksum)
+            elif task.op == "load":
+                ssd.read_into(task.key, self._view(task.offset, task.size), task.checksum)
+            elif task.op == "drop":
+                ssd.drop(task.key)
+            else:
+                return p.TaskReport(task_id=task.task_id, ok=False,
+                                    error=f"unknown task {task.op!r}")
+        except SsdCorruptError as exc:
+            _log.warning("node %s: %s", self.node_id, exc.cause)
+            return p.TaskReport(task_id=task.task_id, ok=False, corrupt=True, error=exc.cause)
+        except SsdStaleError as exc:
+            _log.debug("node %s: %s", self.node_id, exc.cause)
+            return p.TaskReport(task_id=task.task_id, ok=False, error=exc.cause)
+        except SsdMissingError as exc:
+            return p.TaskReport(task_id=task.task_id, ok=False, corrupt=True, error=exc.cause)
+        except (OSError, KvctlError) as exc:
+            text = getattr(exc, "cause", None) or str(exc)
+            _log.warning("node %s: %s of %r failed: %s", self.node_id, task.op, task.key, text)
+            return p.TaskReport(task_id=task.task_id, ok=False, error=text)
+        return p.TaskReport(task_id=task.task_id, ok=True)
+
+    def close(self) -> None:
+        """Stop the control loop and release the segment (idempotent)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self._conn.interrupt()
+        self._thread.join(timeout=self._heartbeat_s + 6)
+        self._buffer.close()
+        self.engine.close()
+
+    def __enter__(self) -> StorageNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def default_capacity_bytes() -> int:
+    """1 GiB, or 1/8 of physical memory when that is smaller."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 1 << 30
+    return int(min(1 << 30, total // 8))

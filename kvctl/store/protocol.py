@@ -1,0 +1,359 @@
+"""The master protocol: versioned, size-limited msgpack messages over length-prefixed frames.
+
+Every message travels in one :class:`~kvctl.net.framing.FrameCodec` frame (magic ``KVSM``)
+whose *kind* byte is the protocol version (:data:`PROTOCOL_VERSION`); the payload is one
+msgpack-encoded :mod:`msgspec` Struct from the :data:`Request` or :data:`Reply` tagged
+unions. msgspec was chosen over json because it decodes straight into typed Structs and
+rejects wrong shapes and types during decoding (so a malformed request becomes one error
+reply, not a crash deep in the master), it carries ``bytes`` natively, and it encodes and
+decodes a small message in about a microsecond: the master sits on every get and put, so
+its codec is on the latency path.
+
+Connection: the server speaks first with :class:`Hello` (version, whether a token is
+required, a nonce, the frame limit). The client answers :class:`Login` (the HMAC of the
+nonce, see :mod:`kvctl.net.auth`) and gets :class:`Ok` or :class:`Fail` (then the server
+closes). After that each request gets exactly one reply, in order, except requests sent
+of kinds that never get one (:class:`Commit`, :class:`Release`).
+
+Limits: a frame over ``max_frame_bytes`` (default 4 MiB) is refused with a ``too_large``
+error reply and the connection is closed; a frame that does not decode gets a
+``bad_request`` reply and the connection stays usable.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Final
+
+import msgspec
+
+from kvctl.net.framing import FrameCodec
+
+PROTOCOL_VERSION: Final = 1
+MAGIC: Final = b"KVSM"
+#: Default largest master message, in bytes (master messages never carry object bytes).
+DEFAULT_MAX_FRAME_BYTES: Final = 4 << 20
+#: Largest key, in bytes of UTF-8.
+MAX_KEY_BYTES: Final = 4096
+#: Most keys in one batch request.
+MAX_BATCH: Final = 4096
+AUTH_CONTEXT: Final = b"kvctl-store/1"
+
+
+class Struct(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """Base of every message (encoded as msgpack arrays: smaller and faster than maps)."""
+
+
+# ---- shared shapes -----------------------------------------------------------------------
+
+
+class Location(Struct, frozen=True):
+    """Where one replica's bytes are: ``size`` bytes at ``offset`` of a node's segment."""
+
+    node_id: str
+    segment: str
+    offset: int
+    size: int
+
+
+class NodeAddress(Struct, frozen=True):
+    """How clients reach a node's data path: its transfer-engine segment, the engine's
+    endpoint and the segment descriptor (JSON, as the engine publishes it)."""
+
+    node_id: str
+    segment: str
+    endpoint: str
+    host_id: str
+    descriptor: bytes = b""
+
+
+class ObjectInfo(Struct, frozen=True):
+    """Metadata of one object as the master reports it (``tier`` is dram, ssd or dram+ssd)."""
+
+    key: str
+    size: int
+    checksum: int
+    version: int
+    replicas: list[str]
+    ssd_replicas: list[str]
+    tier: str
+    pinned: bool
+    lease_remaining_s: float
+    age_s: float
+
+
+class PutItem(Struct, frozen=True):
+    key: str
+    size: int
+    checksum: int
+
+
+class PutSlot(Struct, frozen=True, tag="ps"):
+    """Where to write one object (``skip`` when the same bytes are already stored)."""
+
+    key: str
+    version: int
+    locations: list[Location]
+    skip: bool = False
+
+
+class GetSlot(Struct, frozen=True, tag="gs"):
+    """Where to read one object; ``pending`` while its put is not committed yet."""
+
+    key: str
+    size: int
+    checksum: int
+    version: int
+    locations: list[Location]
+    pending: bool = False
+
+
+class ErrorInfo(Struct, frozen=True, tag="err"):
+    """A per-item or whole-request failure.
+
+    ``code``: not_found, evicted, bad_request, too_large, unauthorized, full, version,
+    unavailable, internal.
+    """
+
+    code: str
+    cause: str
+    hint: str = ""
+
+
+class NodeStatus(Struct, frozen=True):
+    node_id: str
+    alive: bool
+    capacity_bytes: int
+    used_bytes: int
+    objects: int
+    ssd_capacity_bytes: int
+    ssd_used_bytes: int
+    ssd_objects: int
+    ssd_policy: str
+    endpoint: str
+    last_heartbeat_s: float
+
+
+class StoreStatus(Struct, frozen=True):
+    nodes: list[NodeStatus]
+    objects: int
+    capacity_bytes: int
+    used_bytes: int
+    evictions: int
+    ssd_evictions: int
+    lost: int
+    tiers: dict[str, int]
+    state: str
+    high_watermark: float
+    evict_ratio: float
+
+
+# ---- tasks the master hands to nodes --------------------------------------------------------
+
+
+class Task(Struct, frozen=True):
+    """A node job: ``persist`` (DRAM → SSD), ``load`` (SSD → DRAM) or ``drop`` (SSD file).
+
+    ``free_after`` on persist: the DRAM range is freed by the master when the job is done
+    (write-back eviction).
+    """
+
+    task_id: int
+    op: str
+    key: str
+    version: int
+    offset: int
+    size: int
+    checksum: int
+    free_after: bool = False
+
+
+class TaskReport(Struct, frozen=True):
+    """Outcome of a task: ``ok``, or ``corrupt`` (the SSD copy failed its checksum), or
+    an ``error`` text."""
+
+    task_id: int
+    ok: bool
+    corrupt: bool = False
+    error: str = ""
+
+
+# ---- requests ------------------------------------------------------------------------------
+
+
+class Login(Struct, frozen=True, tag="login"):
+    answer: bytes
+    role: str = "client"
+
+
+class Put(Struct, frozen=True, tag="put"):
+    items: list[PutItem]
+    replicas: int = 1
+
+
+class Commit(Struct, frozen=True, tag="commit"):
+    """Mark puts as written (``ok``) or abandoned (``ok=False``)."""
+
+    keys: list[str]
+    versions: list[int]
+    ok: bool = True
+
+
+class Get(Struct, frozen=True, tag="get"):
+    """Locations of ``keys``; also ends the leases named in ``release_*`` (piggybacked
+    :class:`Release` of earlier gets, saving a message per get)."""
+
+    keys: list[str]
+    lease: bool = True
+    release_keys: list[str] = msgspec.field(default_factory=list)
+    release_versions: list[int] = msgspec.field(default_factory=list)
+
+
+class Release(Struct, frozen=True, tag="release"):
+    """End the leases a get took once the bytes are read (no reply). Without it a lease
+    lasts its TTL, which covers a client that dies mid-read."""
+
+    keys: list[str]
+    versions: list[int]
+
+
+class Exists(Struct, frozen=True, tag="exists"):
+    keys: list[str]
+
+
+class Remove(Struct, frozen=True, tag="remove"):
+    keys: list[str]
+
+
+class ListKeys(Struct, frozen=True, tag="list"):
+    prefix: str = ""
+    limit: int = 10000
+
+
+class Stat(Struct, frozen=True, tag="stat"):
+    key: str
+
+
+class Pin(Struct, frozen=True, tag="pin"):
+    key: str
+    pinned: bool = True
+
+
+class Status(Struct, frozen=True, tag="status"):
+    pass
+
+
+class Nodes(Struct, frozen=True, tag="nodes"):
+    pass
+
+
+class RegisterNode(Struct, frozen=True, tag="register"):
+    node_id: str
+    epoch: str
+    segment: str
+    endpoint: str
+    host_id: str
+    capacity_bytes: int
+    ssd_capacity_bytes: int = 0
+    ssd_policy: str = "off"
+    descriptor: bytes = b""
+
+
+class Heartbeat(Struct, frozen=True, tag="heartbeat"):
+    """Liveness plus finished tasks; the master answers with new tasks, waiting up to
+    ``wait_s`` for some to appear (a long poll)."""
+
+    node_id: str
+    epoch: str
+    reports: list[TaskReport] = msgspec.field(default_factory=list)
+    wait_s: float = 0.0
+
+
+Request = (
+    Login | Put | Commit | Get | Release | Exists | Remove | ListKeys | Stat | Pin | Status | Nodes
+    | RegisterNode | Heartbeat
+)
+
+
+# ---- replies -------------------------------------------------------------------------------
+
+
+class Hello(Struct, frozen=True, tag="hello"):
+    version: int
+    auth: bool
+    nonce: bytes
+    max_frame_bytes: int
+
+
+class Ok(Struct, frozen=True, tag="ok"):
+    pass
+
+
+class Fail(Struct, frozen=True, tag="fail"):
+    error: ErrorInfo
+
+
+class PutReply(Struct, frozen=True, tag="put_r"):
+    slots: list[PutSlot | ErrorInfo]
+
+
+class GetReply(Struct, frozen=True, tag="get_r"):
+    slots: list[GetSlot | ErrorInfo]
+
+
+class Bools(Struct, frozen=True, tag="bools"):
+    values: list[bool]
+
+
+class KeyList(Struct, frozen=True, tag="keys"):
+    objects: list[ObjectInfo]
+    truncated: bool = False
+
+
+class StatReply(Struct, frozen=True, tag="stat_r"):
+    info: ObjectInfo
+
+
+class StatusReply(Struct, frozen=True, tag="status_r"):
+    status: StoreStatus
+
+
+class NodesReply(Struct, frozen=True, tag="nodes_r"):
+    nodes: list[NodeAddress]
+
+
+class Tasks(Struct, frozen=True, tag="tasks"):
+    tasks: list[Task]
+
+
+Reply = (
+    Hello | Ok | Fail | PutReply | GetReply | Bools | KeyList | StatReply | StatusReply
+    | NodesReply | Tasks
+)
+
+
+class Codec:
+    """Frames plus msgspec encoding for one side of a connection (not thread-safe)."""
+
+    def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.frames = FrameCodec(MAGIC, max_payload_bytes=max_frame_bytes)
+        self._encoder = msgspec.msgpack.Encoder()
+        self._requests = msgspec.msgpack.Decoder(Request)
+        self._replies = msgspec.msgpack.Decoder(Reply)
+
+    def send(self, sock: socket.socket, message: msgspec.Struct) -> None:
+        """Encode ``message`` and send it as one frame of the current version."""
+        self.frames.send(sock, PROTOCOL_VERSION, self._encoder.encode(message))
+
+    def encode(self, message: msgspec.Struct) -> bytes:
+        """One complete frame (header + payload) for ``message``."""
+        payload = self._encoder.encode(message)
+        return self.frames.encode_header(PROTOCOL_VERSION, len(payload)) + payload
+
+    def decode_request(self, payload: bytes) -> Request:
+        """Decode a request payload (raises ``msgspec.DecodeError`` / ``ValidationError``)."""
+        return self._requests.decode(payload)
+
+    def decode_reply(self, payload: bytes) -> Reply:
+        """Decode a reply payload (raises ``msgspec.DecodeError`` / ``ValidationError``)."""
+        return self._replies.decode(payload)

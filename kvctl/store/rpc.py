@@ -1,0 +1,182 @@
+"""Client side of the master protocol: one connection, and a small pool of them."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+
+import msgspec
+
+from kvctl.errors import KvctlError
+from kvctl.net import auth
+from kvctl.net.bind import parse_listen
+from kvctl.net.framing import ConnectionClosedError, FrameError
+from kvctl.store import protocol as p
+from kvctl.store.errors import (
+    BadRequestError,
+    ObjectNotFoundError,
+    ProtocolError,
+    StoreAuthError,
+    StoreError,
+    StoreFullError,
+    StoreUnavailableError,
+)
+
+
+def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
+    """The typed exception for an error the master replied with."""
+    if info.code in ("not_found", "evicted"):
+        if key is not None:
+            return ObjectNotFoundError(key, evicted=info.code == "evicted",
+                                       why=info.cause if info.code == "evicted" else "")
+        return ObjectNotFoundError(info.cause)
+    hint = info.hint or None
+    if info.code == "full":
+        return StoreFullError(info.cause, hint)
+    if info.code == "unauthorized":
+        return StoreAuthError(info.cause, hint)
+    if info.code in ("unavailable", "busy"):
+        return StoreUnavailableError(info.cause, hint)
+    if info.code == "bad_request":
+        return BadRequestError(info.cause, hint)
+    if info.code in ("too_large", "version"):
+        return ProtocolError(info.cause, hint)
+    return StoreError(info.cause, hint or "see the master's log")
+
+
+class MasterConnection:
+    """One authenticated connection to the master (not thread-safe; see :class:`MasterPool`).
+
+    Raises:
+        StoreUnavailableError: the master cannot be reached.
+        StoreAuthError: the master refused the token.
+    """
+
+    def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0
+                 ) -> None:
+        self.address = address
+        host, port = parse_listen(address)
+        if port == 0:
+            raise BadRequestError(f"store master address {address!r} has no port",
+                                  "write HOST:PORT, e.g. 127.0.0.1:50051")
+        try:
+            self._sock = socket.create_connection((host, port), timeout=min(timeout_s, 5.0))
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"cannot reach the store master at {address}: {exc.strerror or exc}",
+                "start one with 'kvctl store serve' or pass --master HOST:PORT") from exc
+        self._sock.settimeout(timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._codec = p.Codec()
+        try:
+            hello = self._recv()
+            if not isinstance(hello, p.Hello):
+                raise ProtocolError(f"store master at {address} did not greet",
+                                    "check that the address is a kvctl store master")
+            if hello.version != p.PROTOCOL_VERSION:
+                raise ProtocolError(
+                    f"store master at {address} speaks protocol {hello.version}, "
+                    f"this client {p.PROTOCOL_VERSION}", "use the same kvctl version")
+            if hello.auth:
+                if not token:
+                    raise StoreAuthError(f"store master at {address} requires a token",
+                                         "set KVCTL_TOKEN (or --token) to the master's token")
+                self._codec.send(self._sock, p.Login(
+                    answer=auth.respond(token, hello.nonce, p.AUTH_CONTEXT)))
+                reply = self._recv()
+                if isinstance(reply, p.Fail):
+                    raise error_from(reply.error)
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def _recv(self) -> p.Reply:
+        try:
+            frame = self._codec.frames.recv(self._sock)
+            return self._codec.decode_reply(frame.payload)
+        except ConnectionClosedError as exc:
+            raise StoreUnavailableError(f"store master at {self.address} closed the "
+                                        "connection", "check the master is running") from exc
+        except FrameError as exc:
+            raise ProtocolError(f"bad reply from store master at {self.address}: {exc.cause}",
+                                exc.hint) from exc
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ProtocolError(f"malformed reply from store master at {self.address}: {exc}",
+                                "use the same kvctl version as the master") from exc
+        except OSError as exc:
+            raise StoreUnavailableError(f"store master at {self.address} did not answer: "
+                                        f"{exc.strerror or exc}", "check the master") from exc
+
+    def call(self, msg: msgspec.Struct) -> p.Reply:
+        """Send a request and return its reply (a :class:`~kvctl.store.protocol.Fail` stays a
+        reply: the caller maps it, knowing the key)."""
+        self.send(msg)
+        return self._recv()
+
+    def send(self, msg: msgspec.Struct) -> None:
+        """Send a request that gets no reply (commits)."""
+        try:
+            self._sock.sendall(self._codec.encode(msg))
+        except OSError as exc:
+            raise StoreUnavailableError(f"cannot send to the store master at {self.address}: "
+                                        f"{exc.strerror or exc}", "check the master") from exc
+
+    def interrupt(self) -> None:
+        """Wake a thread blocked on this connection (it then sees it closed)."""
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+class MasterPool:
+    """Connections to the master shared by threads: each call borrows one.
+
+    A connection that fails is dropped (the next call opens a new one).
+    """
+
+    def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0
+                 ) -> None:
+        self.address = address
+        self._token = token
+        self._timeout_s = timeout_s
+        self._idle: list[MasterConnection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self._idle.append(MasterConnection(address, token=token, timeout_s=timeout_s))
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[MasterConnection]:
+        """Borrow a connection for one exchange."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = MasterConnection(self.address, token=self._token, timeout_s=self._timeout_s)
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if self._closed:
+                conn.close()
+            else:
+                self._idle.append(conn)
+
+    def call(self, msg: msgspec.Struct) -> p.Reply:
+        """One request/reply on a borrowed connection."""
+        with self.connection() as conn:
+            return conn.call(msg)
+
+    def close(self) -> None:
+        """Close every idle connection (idempotent)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

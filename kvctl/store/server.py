@@ -1,0 +1,253 @@
+"""The master's listener: one thread per connection over blocking TCP sockets.
+
+A thread per connection keeps a request's path short (one ``recv``, the core call under
+its lock, one ``sendmsg``): lower latency than an event loop for the few dozen long-lived
+connections a store has (clients pool theirs, nodes hold one each). A connection that sends
+a bad frame gets an error reply; an oversized or garbled frame also ends that connection;
+every other connection keeps being served.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from kvctl.net import auth
+from kvctl.net.bind import announce_bind
+from kvctl.net.framing import ConnectionClosedError, FrameError
+from kvctl.store import protocol as p
+from kvctl.store.errors import StoreUnavailableError
+from kvctl.store.master import MasterCore
+
+if TYPE_CHECKING:
+    from kvctl.metrics import ServerMetrics
+
+_log = logging.getLogger("kvctl.store.server")
+
+#: Seconds between housekeeping passes (dead nodes, expired puts, deferred frees).
+TICK_S = 0.1
+
+
+class MasterServer:
+    """Serve a :class:`MasterCore` on ``host:port`` (port 0 picks a free one).
+
+    Args:
+        core: the master state machine.
+        host: bind address (loopback unless told otherwise).
+        port: TCP port, 0 for any.
+        token: shared secret clients and nodes must prove (challenge-response), or ``None``.
+        max_frame_bytes: largest request accepted, bytes.
+        max_connections: connections served at once; more are refused with an error reply.
+        metrics: where to count requests and their latency (``--metrics-port``), or ``None``.
+    """
+
+    def __init__(self, core: MasterCore, *, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None, max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
+                 max_connections: int = 512, metrics: ServerMetrics | None = None) -> None:
+        self.core = core
+        self.metrics = metrics
+        #: Port of the metrics endpoint once :meth:`ServerMetrics.serve` ran, else ``None``.
+        self.metrics_port: int | None = None
+        self._token = token
+        self._max_frame = max_frame_bytes
+        self._max_conns = max_connections
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        try:
+            self._sock = socket.create_server((host, port), backlog=128, reuse_port=False)
+        except OSError as exc:
+            raise StoreUnavailableError(
+                f"store master cannot listen on {host}:{port}: {exc.strerror or exc}",
+                "pick another --listen port or stop what holds it") from exc
+        self.host, self.port = self._sock.getsockname()[:2]
+        announce_bind("store master", self.host, self.port)
+        self._threads = [threading.Thread(target=self._accept_loop, name="kvctl-master-accept",
+                                          daemon=True),
+                         threading.Thread(target=self._tick_loop, name="kvctl-master-tick",
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients and nodes connect to."""
+        return f"{self.host}:{self.port}"
+
+    def _tick_loop(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.core.tick()
+            except Exception:  # noqa: BLE001 - housekeeping must outlive a bug; logged
+                _log.exception("master housekeeping failed")
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                full = len(self._conns) >= self._max_conns
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                codec = p.Codec(max_frame_bytes=self._max_frame)
+                with contextlib.suppress(OSError):
+                    codec.send(conn, p.Fail(error=p.ErrorInfo(
+                        code="unavailable", cause="master has too many connections",
+                        hint="close idle clients or raise the limit")))
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn,), name="kvctl-master-conn",
+                             daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        codec = p.Codec(max_frame_bytes=self._max_frame)
+        try:
+            if self._handshake(conn, codec):
+                self._loop(conn, codec)
+        except (OSError, ConnectionClosedError):
+            pass
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def _handshake(self, conn: socket.socket, codec: p.Codec) -> bool:
+        nonce = auth.new_nonce() if self._token else b""
+        codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=self._token is not None,
+                                 nonce=nonce, max_frame_bytes=self._max_frame))
+        if self._token is None:
+            return True
+        frame = codec.frames.recv(conn)
+        try:
+            msg = codec.decode_request(frame.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            msg = None
+        if isinstance(msg, p.Login) and auth.check_response(self._token, nonce,
+                                                            p.AUTH_CONTEXT, msg.answer):
+            codec.send(conn, p.Ok())
+            return True
+        codec.send(conn, p.Fail(error=p.ErrorInfo(
+            code="unauthorized", cause="store master refused the token",
+            hint="set the same token (KVCTL_TOKEN or --token) on clients, nodes and master")))
+        return False
+
+    def _loop(self, conn: socket.socket, codec: p.Codec) -> None:
+        while True:
+            try:
+                frame = codec.frames.recv(conn)
+            except ConnectionClosedError:
+                return
+            except FrameError as exc:
+                codec.send(conn, p.Fail(error=p.ErrorInfo(
+                    code="too_large" if "limit" in exc.cause else "bad_request",
+                    cause=exc.cause, hint=exc.hint or "")))
+                return
+            if frame.kind != p.PROTOCOL_VERSION:
+                codec.send(conn, p.Fail(error=p.ErrorInfo(
+                    code="version", cause=f"protocol version {frame.kind} is not supported "
+                    f"(this master speaks {p.PROTOCOL_VERSION})",
+                    hint="use a kvctl of the same version as the master")))
+                continue
+            try:
+                msg = codec.decode_request(frame.payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                codec.send(conn, p.Fail(error=p.ErrorInfo(
+                    code="bad_request", cause=f"malformed request: {exc}",
+                    hint="the client and master disagree on the protocol")))
+                continue
+            started = time.perf_counter()
+            try:
+                reply = self._dispatch(msg)
+            except Exception:  # noqa: BLE001 - a bug in one request must not stop the master
+                _log.exception("master failed on %s", type(msg).__name__)
+                reply = p.Fail(error=p.ErrorInfo(code="internal", cause=f"master failed on "
+                                                 f"{type(msg).__name__}",
+                                                 hint="see the master's log"))
+            if self.metrics is not None:
+                outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
+                self.metrics.record(type(msg).__name__.lower(), time.perf_counter() - started,
+                                    outcome, bytes_in=len(frame.payload))
+            if reply is not None:
+                codec.send(conn, reply)
+
+    def _dispatch(self, msg: p.Request) -> p.Reply | None:
+        core = self.core
+        if isinstance(msg, p.Get):
+            if len(msg.keys) > p.MAX_BATCH:
+                return _too_many(len(msg.keys))
+            return core.get(msg)
+        if isinstance(msg, p.Put):
+            if len(msg.items) > p.MAX_BATCH:
+                return _too_many(len(msg.items))
+            return p.PutReply(slots=core.put(msg))
+        if isinstance(msg, p.Commit):
+            core.commit(msg)
+            return None
+        if isinstance(msg, p.Release):
+            core.release(msg)
+            return None
+        if isinstance(msg, p.Exists):
+            return p.Bools(values=core.exists(msg.keys))
+        if isinstance(msg, p.Remove):
+            return p.Bools(values=core.remove(msg.keys))
+        if isinstance(msg, p.ListKeys):
+            objects, truncated = core.list_objects(msg.prefix, max(0, msg.limit))
+            return p.KeyList(objects=objects, truncated=truncated)
+        if isinstance(msg, p.Stat):
+            info = core.stat(msg.key)
+            return p.Fail(error=info) if isinstance(info, p.ErrorInfo) else p.StatReply(info=info)
+        if isinstance(msg, p.Pin):
+            err = core.pin(msg.key, msg.pinned)
+            return p.Ok() if err is None else p.Fail(error=err)
+        if isinstance(msg, p.Status):
+            return p.StatusReply(status=core.status())
+        if isinstance(msg, p.Nodes):
+            return p.NodesReply(nodes=core.nodes())
+        if isinstance(msg, p.RegisterNode):
+            err = core.register_node(msg)
+            return p.Ok() if err is None else p.Fail(error=err)
+        if isinstance(msg, p.Heartbeat):
+            tasks = core.heartbeat(msg)
+            return p.Fail(error=tasks) if isinstance(tasks, p.ErrorInfo) else p.Tasks(tasks=tasks)
+        return p.Fail(error=p.ErrorInfo(code="bad_request",
+                                        cause=f"unexpected {type(msg).__name__} request"))
+
+    def close(self) -> None:
+        """Stop accepting, drop every connection, close the state. Safe to call twice."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+        for t in self._threads:
+            t.join(timeout=2)
+        if self.metrics is not None:
+            self.metrics.close()
+        self.core.close()
+
+    def __enter__(self) -> MasterServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _too_many(n: int) -> p.Fail:
+    return p.Fail(error=p.ErrorInfo(code="too_large", cause=f"batch of {n} keys is too large",
+                                    hint=f"send at most {p.MAX_BATCH} keys per request"))

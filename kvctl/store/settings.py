@@ -1,0 +1,59 @@
+"""Settings of the ``store`` command family (section ``store`` / ``KVCTL_STORE_*``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from kvctl.config import register_section
+
+#: The well-known loopback port of the embedded store's master.
+DEFAULT_PORT = 50051
+DEFAULT_MASTER = f"127.0.0.1:{DEFAULT_PORT}"
+
+
+@register_section("store")
+@dataclasses.dataclass(frozen=True)
+class StoreSettings:
+    """Store settings.
+
+    Attributes:
+        master: master ``HOST:PORT`` for clients and nodes; empty means the local embedded
+            store (its discovery file, else ``127.0.0.1:50051``).
+        listen: where ``store serve`` / ``store master`` listen (loopback by default).
+        capacity: DRAM a node contributes, bytes (0: 1 GiB or 1/8 of RAM, the smaller).
+        ssd: SSD tier directory of a node (none: no SSD tier).
+        ssd_capacity: most bytes a node keeps on SSD.
+        ssd_policy: ``write-through`` (copy to SSD soon after each put) or ``write-back``
+            (copy to SSD only when evicted from DRAM).
+        state: master state: ``none``, a directory (journal + snapshot) or a metadata URL
+            such as ``etcd://127.0.0.1:2379`` (a standby master can take over).
+        replicas: copies each put stores, on distinct nodes.
+        transport: client data path: ``auto`` (shm on the same host, else tcp), ``shm``,
+            ``tcp``.
+        node_listen: data-path ``HOST:PORT`` of a node (port 0: any free port).
+        node_id: node name (default: random).
+        high_watermark: usage fraction of a node that starts eviction.
+        evict_ratio: eviction brings usage down to ``high_watermark - evict_ratio``.
+        lease_ttl: seconds a get protects an object from eviction.
+        node_timeout: seconds of heartbeat silence after which a node is dead.
+        metrics_port: serve the master's Prometheus metrics on this port of the listen host
+            (0: any free port); unset serves none.
+    """
+
+    master: str = ""
+    listen: str = DEFAULT_MASTER
+    capacity: int = dataclasses.field(default=0, metadata={"unit": "size"})
+    ssd: Path | None = None
+    ssd_capacity: int = dataclasses.field(default=64 << 30, metadata={"unit": "size"})
+    ssd_policy: str = "write-through"
+    state: str = "none"
+    replicas: int = 1
+    transport: str = "auto"
+    node_listen: str = "127.0.0.1:0"
+    node_id: str = ""
+    high_watermark: float = 0.95
+    evict_ratio: float = 0.05
+    lease_ttl: float = dataclasses.field(default=2.0, metadata={"unit": "duration"})
+    node_timeout: float = dataclasses.field(default=3.0, metadata={"unit": "duration"})
+    metrics_port: int | None = None
