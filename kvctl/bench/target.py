@@ -1,0 +1,198 @@
+"""The benchmark target: a kvctl transfer engine serving one segment, found by name or address.
+
+- With a metadata URL the target publishes its segment there and initiators find it by name.
+- Without one it runs kvctl's own HTTP metadata server on its listen address, so an initiator
+  needs only ``HOST:PORT`` (``--peer``): that address *is* the metadata URL.
+
+:class:`BenchTarget` runs in the calling process (``kvctl bench transfer --role target``);
+:class:`EmbeddedTarget` runs one in a separate, spawned process on loopback for zero-setup runs,
+so the initiator and the target never share an interpreter (or a GIL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing.connection
+import os
+from types import TracebackType
+from typing import Any, Self
+
+from kvctl.bench.child import ChildProcess, serve_until_stopped
+from kvctl.bench.spec import parse_location
+from kvctl.errors import ExitCode, KvctlError
+from kvctl.net.bind import parse_listen
+
+_log = logging.getLogger("kvctl.bench")
+
+DEFAULT_SEGMENT = "kvctl-bench"
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    """How to run a target.
+
+    Attributes:
+        region_bytes: size of the served segment.
+        location: ``cpu:N`` (shared memory), ``file:PATH`` or ``cuda:N``.
+        listen: ``HOST:PORT`` (port 0: any free one). Without ``metadata`` this is the
+            metadata server's address, which initiators pass as ``--peer``.
+        metadata: metadata URL to publish in; ``None`` runs an embedded metadata server.
+        segment: name of the published segment.
+        token: shared secret for the engine and metadata server, or ``None``.
+    """
+
+    region_bytes: int
+    location: str = "cpu:0"
+    listen: str = "127.0.0.1:0"
+    metadata: str | None = None
+    segment: str = DEFAULT_SEGMENT
+    token: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetInfo:
+    """Where a running target can be reached.
+
+    Attributes:
+        metadata_url: metadata service holding the segment descriptor.
+        segment: the segment's name.
+        address: the engine's data address (``host:port``).
+        peer: what an initiator passes as ``--peer`` (address without a metadata URL).
+    """
+
+    metadata_url: str
+    segment: str
+    address: str
+    peer: str
+
+
+class BenchTarget:
+    """A target in this process. ``start()`` serves; ``close()`` withdraws (idempotent)."""
+
+    def __init__(self, spec: TargetSpec) -> None:
+        self.spec = spec
+        self._server: Any = None
+        self._engine: Any = None
+        self.info: TargetInfo | None = None
+
+    def start(self) -> TargetInfo:
+        """Start the metadata server (if needed) and the engine, register the segment.
+
+        Raises:
+            UsageError: bad listen address or location; the segment name is taken.
+            UnavailableError: shared memory, file or GPU cannot be used.
+        """
+        from kvctl.transfer.engine import TransferEngine
+        from kvctl.transfer.metadata import MetadataServer
+
+        spec = self.spec
+        location = parse_location(spec.location, what="remote location")
+        host, port = parse_listen(spec.listen)
+        try:
+            if spec.metadata is None:
+                self._server = MetadataServer(host, port, token=spec.token).start()
+                metadata_url = self._server.url
+                listen = f"{host}:0"
+            else:
+                metadata_url = spec.metadata
+                listen = spec.listen
+            self._engine = TransferEngine(f"{spec.segment}-target-{os.getpid()}",
+                                          metadata=metadata_url, listen=listen,
+                                          token=spec.token)
+            if location.kind == "file":
+                self._engine.register_segment(spec.segment, spec.region_bytes, kind="file",
+                                              path=location.path)
+            elif location.kind == "cuda":
+                self._engine.register_segment(spec.segment, spec.region_bytes, kind="gpu",
+                                              location=str(location))
+            else:
+                self._engine.register_segment(spec.segment, spec.region_bytes, kind="shm",
+                                              location=str(location))
+        except BaseException:
+            self.close()
+            raise
+        address = str(self._engine.address)
+        peer = f"{host}:{self._server.port}" if self._server is not None else spec.segment
+        self.info = TargetInfo(metadata_url, spec.segment, address, peer)
+        _log.info("bench target serving %s (%d bytes) at %s, metadata %s", spec.segment,
+                  spec.region_bytes, address, metadata_url)
+        return self.info
+
+    def close(self) -> None:
+        """Withdraw the segment and stop serving. Safe to call twice."""
+        engine, self._engine = self._engine, None
+        server, self._server = self._server, None
+        if engine is not None:
+            engine.close()
+        if server is not None:
+            server.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _child_main(spec: TargetSpec, conn: multiprocessing.connection.Connection) -> None:
+    """Entry point of the embedded target process."""
+    target = BenchTarget(spec)
+    try:
+        info = target.start()
+    except KvctlError as exc:
+        conn.send(("error", exc.cause, exc.hint, int(exc.exit_code)))
+        return
+    try:
+        conn.send(("ready", info))
+        serve_until_stopped(conn)
+    finally:
+        target.close()
+
+
+class EmbeddedTarget:
+    """A :class:`BenchTarget` in a spawned child process (a context manager).
+
+    Args:
+        spec: the target to run (listen should be loopback).
+        start_timeout_s: how long the child may take to report ready.
+    """
+
+    def __init__(self, spec: TargetSpec, *, start_timeout_s: float = 30.0) -> None:
+        self.spec = spec
+        self.start_timeout_s = start_timeout_s
+        self._child = ChildProcess(
+            _child_main, (spec,), name="kvctl bench target",
+            hint="rerun with KVCTL_DEBUG=1 -v to see its log, or start one with --role target")
+        self.info: TargetInfo | None = None
+
+    def start(self) -> TargetInfo:
+        """Spawn the child and wait (bounded) until it serves.
+
+        Raises:
+            UnavailableError: the child did not come up in time or exited.
+            KvctlError: the child's own error (bad location, no shared memory...).
+        """
+        message = self._child.start(self.start_timeout_s)
+        if message[0] == "error":
+            self.close()
+            error = KvctlError(message[1], message[2])
+            error.exit_code = ExitCode(message[3])
+            raise error
+        info: TargetInfo = message[1]
+        self.info = info
+        return info
+
+    def close(self) -> None:
+        """Stop the child and reap it. Safe to call twice."""
+        self._child.stop()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
