@@ -83,9 +83,30 @@ def build_app() -> typer.Typer:
 
 def _register_commands(app: typer.Typer) -> None:
     # One line per command family; each module owns its sub-app.
-    from kvctl.commands import topo
+    from kvctl.commands import metadata, plan, sim, topo
 
     app.add_typer(topo.app, name="topo")
+    app.add_typer(metadata.app, name="metadata")
+    app.add_typer(sim.app, name="sim")
+    app.add_typer(plan.app, name="plan")
+    from kvctl.commands import verify_keys
+
+    app.add_typer(verify_keys.app, name="verify-keys")
+    from kvctl.commands import segment
+
+    app.add_typer(segment.app, name="segment")
+    from kvctl.commands import store
+
+    app.add_typer(store.app, name="store")
+    from kvctl.commands import doctor
+
+    app.add_typer(doctor.app, name="doctor")
+    from kvctl.commands import runbook
+
+    app.command("runbook")(runbook.runbook)
+    from kvctl.commands import bench
+
+    app.add_typer(bench.app, name="bench")
 
 
 app = build_app()

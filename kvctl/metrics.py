@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -28,6 +28,7 @@ LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
 def _client() -> Any:
     try:
         import prometheus_client
+        import prometheus_client.core  # noqa: F401 - metric families for collectors
     except ImportError as exc:
         raise UnavailableError(
             "metrics need the prometheus-client package, which is not installed",
@@ -105,6 +106,24 @@ class ServerMetrics:
                 name, documentation, list(labels), namespace=self.namespace,
                 registry=self.registry)
         return self._counters[name]
+
+    def add_collector(self, collect: Callable[[], Iterable[Any]]) -> None:
+        """Metric families computed at scrape time by ``collect()`` (e.g. from a status
+        snapshot, so counters kept elsewhere are exported without double bookkeeping)."""
+
+        class _Collector:
+            def collect(self) -> Iterable[Any]:
+                return collect()
+
+            def describe(self) -> list[Any]:
+                return []
+
+        self.registry.register(_Collector())
+
+    @property
+    def families(self) -> Any:
+        """``prometheus_client.core``'s metric family classes, for :meth:`add_collector`."""
+        return self._prom.core
 
     def render(self) -> str:
         """The text exposition format, as a scrape would return it."""

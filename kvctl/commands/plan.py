@@ -31,7 +31,7 @@ def readback(
         help="GPU peak TFLOP/s (instead of --prefill-tps): prefill ~= 2 x params FLOPs/token.",
         show_default=False)] = None,
     efficiency: Annotated[float | None, typer.Option(
-        help="Fraction of peak TFLOP/s prefill reaches. [default: 0.5]")] = None,
+        help="Fraction of peak TFLOP/s prefill reaches. (default: 0.5)")] = None,
     read_gbps: Annotated[float | None, typer.Option(
         help="Read-back bandwidth, GB/s (decimal).", show_default=False)] = None,
     bench_file: Annotated[Path | None, typer.Option(
@@ -41,10 +41,10 @@ def readback(
         help="Use the bench rows of this transfer size (e.g. 64KiB).",
         show_default=False)] = None,
     latency_us: Annotated[float | None, typer.Option(
-        help="Fixed cost of one read-back (lookup, setup), microseconds. [default: 0]")] = None,
+        help="Fixed cost of one read-back (lookup, setup), microseconds. (default: 0)")] = None,
     prefix_tokens: Annotated[str | None, typer.Option(
         help="Prefix lengths to compare, tokens, comma-separated. "
-             "[default: 256,1024,4096,16384,65536]")] = None,
+             "(default: 256,1024,4096,16384,65536)")] = None,
     sessions: Annotated[int | None, typer.Option(
         help="Capacity view: sessions to keep (with --context-tokens).",
         show_default=False)] = None,

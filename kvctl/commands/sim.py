@@ -26,35 +26,35 @@ _T = "Time view"
 @app.command("pool")
 def pool(
     ctx: typer.Context,
-    sessions: Annotated[int | None, typer.Option(help="Chat sessions. [default: 300]",
+    sessions: Annotated[int | None, typer.Option(help="Chat sessions. (default: 300)",
                                                  rich_help_panel=_W)] = None,
     system_prompts: Annotated[int | None, typer.Option(
-        help="Distinct system prompts. [default: 3]", rich_help_panel=_W)] = None,
+        help="Distinct system prompts. (default: 3)", rich_help_panel=_W)] = None,
     system_prompt_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per system prompt. [default: 512]", rich_help_panel=_W)] = None,
+        help="Tokens per system prompt. (default: 512)", rich_help_panel=_W)] = None,
     min_turns: Annotated[int | None, typer.Option(
-        help="Fewest turns per session. [default: 2]", rich_help_panel=_W)] = None,
+        help="Fewest turns per session. (default: 2)", rich_help_panel=_W)] = None,
     max_turns: Annotated[int | None, typer.Option(
-        help="Most turns per session. [default: 6]", rich_help_panel=_W)] = None,
+        help="Most turns per session. (default: 6)", rich_help_panel=_W)] = None,
     user_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per user message. [default: 128]", rich_help_panel=_W)] = None,
+        help="Tokens per user message. (default: 128)", rich_help_panel=_W)] = None,
     answer_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per answer. [default: 256]", rich_help_panel=_W)] = None,
+        help="Tokens per answer. (default: 256)", rich_help_panel=_W)] = None,
     answer_kv: Annotated[str | None, typer.Option(
         help="The answer's KV: 'recomputed' (decode KV never cached, next turn prefills it) "
-             "or 'cached'. [default: recomputed]", rich_help_panel=_W)] = None,
+             "or 'cached'. (default: recomputed)", rich_help_panel=_W)] = None,
     seed: Annotated[int | None, typer.Option(
-        help="RNG seed (tokens, sessions, arrivals, routing). [default: 0]",
+        help="RNG seed (tokens, sessions, arrivals, routing). (default: 0)",
         rich_help_panel=_W)] = None,
     instances: Annotated[int | None, typer.Option(
-        help="Inference instances. [default: 4]", rich_help_panel=_C)] = None,
+        help="Inference instances. (default: 4)", rich_help_panel=_C)] = None,
     block_size: Annotated[int | None, typer.Option(
-        help="Tokens per KV block. [default: 16]", rich_help_panel=_C)] = None,
+        help="Tokens per KV block. (default: 16)", rich_help_panel=_C)] = None,
     local_blocks: Annotated[str | None, typer.Option(
         help="Local prefix-cache capacities per instance to compare, blocks, comma-separated. "
-             "[default: 8000,2000]", rich_help_panel=_C)] = None,
+             "(default: 8000,2000)", rich_help_panel=_C)] = None,
     pool_blocks: Annotated[int | None, typer.Option(
-        help="Shared pool capacity, blocks. [default: 400000]", rich_help_panel=_C)] = None,
+        help="Shared pool capacity, blocks. (default: 400000)", rich_help_panel=_C)] = None,
     model: Annotated[str | None, typer.Option(
         help="Model name (e.g. llama-3-70b) or config.json, for KV bytes per token.",
         rich_help_panel=_T)] = None,

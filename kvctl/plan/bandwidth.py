@@ -1,21 +1,22 @@
 """Read-back bandwidth from a ``kvctl bench transfer --json`` result file.
 
-Expected shape (kvctl's JSON envelope; only ``rows[].gbps`` is required)::
+Expected shape (the rows of ``kvctl bench transfer --json``, schema
+``kvctl.bench.transfer.row/1``; only ``rows[].throughput_gbps`` is required)::
 
     {
       "schema_version": 1,
-      "kind": "bench-transfer",
+      "kind": "bench.transfer",
       "rows": [
-        {"op": "read", "size_bytes": 65536, "gbps": 11.8},
-        {"op": "read", "size_bytes": 1048576, "gbps": 23.4},
-        {"op": "write", "size_bytes": 1048576, "gbps": 22.9}
+        {"op": "read", "block_size_bytes": 65536, "throughput_gbps": 11.8, ...},
+        {"op": "read", "block_size_bytes": 1048576, "throughput_gbps": 23.4, ...},
+        {"op": "write", "block_size_bytes": 1048576, "throughput_gbps": 22.9, ...}
       ]
     }
 
-- ``gbps``: throughput in GB/s, decimal (10^9 bytes per second); a positive number.
+- ``throughput_gbps``: GB/s, decimal (10^9 bytes per second); a positive number.
 - ``op`` (optional): ``read``/``write`` (any case). When any row has an ``op``, only read
   rows are used (reading KV back is a read).
-- ``size_bytes`` (optional): the transfer (block) size of the row; ``--bench-size`` picks the
+- ``block_size_bytes`` (optional): the block size of the row; ``--bench-size`` picks the
   rows of that size.
 
 A bare JSON list of rows is accepted too. Of the eligible rows the fastest is used, and the
@@ -33,9 +34,13 @@ from typing import Any
 from kvctl.errors import UsageError
 from kvctl.units import format_size
 
+#: Row fields of ``kvctl bench transfer`` (kvctl.bench.result.ResultRow) read here.
+GBPS_KEY = "throughput_gbps"
+SIZE_KEY = "block_size_bytes"
+
 _HINT = (
     "give the JSON written by 'kvctl bench transfer --json': an object with a 'rows' list, "
-    "each row with 'gbps' (GB/s) and optionally 'op' and 'size_bytes'"
+    "each row with 'throughput_gbps' (GB/s) and optionally 'op' and 'block_size_bytes'"
 )
 
 
@@ -62,7 +67,7 @@ def _number(row: dict[str, Any], key: str) -> float | None:
 
 
 def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
-    """The fastest eligible row's ``gbps`` (read rows; of ``size_bytes`` when given).
+    """The fastest eligible row's ``throughput_gbps`` (read rows; of ``size_bytes`` when given).
 
     Raises:
         UsageError: the file is missing, not JSON, not of the documented shape, or has no
@@ -87,23 +92,23 @@ def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
             raise UsageError(f"bench result {path}: row {index} is not an object", _HINT)
-        gbps = _number(row, "gbps")
+        gbps = _number(row, GBPS_KEY)
         if gbps is None or math.isnan(gbps) or gbps <= 0:
             raise UsageError(
-                f"bench result {path}: row {index} has gbps {row.get('gbps')!r}, expected a "
+                f"bench result {path}: row {index} has {GBPS_KEY} {row.get(GBPS_KEY)!r}, expected a "
                 "positive number of GB/s",
                 _HINT,
             )
         if has_op and str(row.get("op", "")).lower() != "read":
             continue
-        if size_bytes is not None and row.get("size_bytes") != size_bytes:
+        if size_bytes is not None and row.get(SIZE_KEY) != size_bytes:
             continue
         if best is None or gbps > best[0]:
             best = (gbps, index, row)
     if best is None:
         what = "read rows" if has_op else "rows"
         if size_bytes is not None:
-            what += f" of size_bytes {size_bytes}"
+            what += f" of {SIZE_KEY} {size_bytes}"
         raise UsageError(
             f"bench result {path} has no {what}",
             "run 'kvctl bench transfer' with reads at that size, or drop --bench-size",
@@ -112,7 +117,7 @@ def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
     details = []
     if "op" in row:
         details.append(f"op {row['op']}")
-    size = row.get("size_bytes")
+    size = row.get(SIZE_KEY)
     if isinstance(size, int) and not isinstance(size, bool):
         details.append(format_size(size))
     detail = f" ({', '.join(details)})" if details else ""

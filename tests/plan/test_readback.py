@@ -88,9 +88,9 @@ def write_bench(tmp_path: Path, doc: Any) -> Path:
 
 def test_bench_file_picks_fastest_read_row(tmp_path: Path) -> None:
     doc = {"schema_version": 1, "kind": "bench-transfer", "rows": [
-        {"op": "read", "size_bytes": 65536, "gbps": 8.5},
-        {"op": "READ", "size_bytes": 1048576, "gbps": 21.0},
-        {"op": "write", "size_bytes": 1048576, "gbps": 40.0},
+        {"op": "read", "block_size_bytes": 65536, "throughput_gbps": 8.5},
+        {"op": "READ", "block_size_bytes": 1048576, "throughput_gbps": 21.0},
+        {"op": "write", "block_size_bytes": 1048576, "throughput_gbps": 40.0},
     ]}
     path = write_bench(tmp_path, doc)
     bw = read_bench_file(path)
@@ -98,9 +98,9 @@ def test_bench_file_picks_fastest_read_row(tmp_path: Path) -> None:
     assert "row 1" in bw.source
     assert "1 MiB" in bw.source
     assert read_bench_file(path, size_bytes=65536).gbps == 8.5
-    with pytest.raises(UsageError, match="no read rows of size_bytes 4096"):
+    with pytest.raises(UsageError, match="no read rows of block_size_bytes 4096"):
         read_bench_file(path, size_bytes=4096)
-    bare = write_bench(tmp_path, [{"gbps": 3}, {"gbps": 4.5}])  # bare list, no op
+    bare = write_bench(tmp_path, [{"throughput_gbps": 3}, {"throughput_gbps": 4.5}])  # bare list, no op
     assert read_bench_file(bare).gbps == 4.5
 
 
@@ -108,10 +108,10 @@ def test_bench_file_picks_fastest_read_row(tmp_path: Path) -> None:
     ("doc", "match"),
     [
         ({"rows": []}, "no 'rows' list"),
-        ({"results": [{"gbps": 1}]}, "no 'rows' list"),
-        ({"rows": [{"gbps": "fast"}]}, "row 0 has gbps 'fast'"),
-        ({"rows": [{"op": "read", "gbps": -1}]}, "expected a positive number"),
-        ({"rows": [{"op": "write", "gbps": 3}]}, "no read rows"),
+        ({"results": [{"throughput_gbps": 1}]}, "no 'rows' list"),
+        ({"rows": [{"throughput_gbps": "fast"}]}, "row 0 has throughput_gbps 'fast'"),
+        ({"rows": [{"op": "read", "throughput_gbps": -1}]}, "expected a positive number"),
+        ({"rows": [{"op": "write", "throughput_gbps": 3}]}, "no read rows"),
         ({"rows": [3]}, "row 0 is not an object"),
     ],
 )
@@ -142,7 +142,7 @@ def test_cli_json_schema(kvctl: Callable[..., Any]) -> None:
 
 
 def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Path) -> None:
-    bench = write_bench(tmp_path, {"rows": [{"op": "read", "size_bytes": 4096, "gbps": 1.0}]})
+    bench = write_bench(tmp_path, {"rows": [{"op": "read", "block_size_bytes": 4096, "throughput_gbps": 1.0}]})
     r = kvctl("plan", "readback", "--model", "llama-3-70b", "--prefill-tps", "5000",
               "--bench-file", str(bench), "--sessions", "10", "--context-tokens", "100000")
     assert r.exit_code == 0, r.stderr
