@@ -28,7 +28,7 @@ LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
 def _client() -> Any:
     try:
         import prometheus_client
-        import prometheus_client.core  # noqa: F401 - metric families for collectors
+        import prometheus_client.core  # metric families for collectors
     except ImportError as exc:
         raise UnavailableError(
             "metrics need the prometheus-client package, which is not installed",

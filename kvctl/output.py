@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import json
 import math
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -28,6 +29,9 @@ from rich.progress import (
 )
 
 from kvctl import SCHEMA_VERSION
+
+#: Columns of tables written to a pipe or file.
+PIPE_WIDTH = 160
 from kvctl.errors import KvctlError
 
 
@@ -63,7 +67,10 @@ class Output:
         self.quiet = quiet
         self.verbose = verbose
         self.json_mode = json_mode
-        self.console = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+        # Piped output (logs, CI) gets a wide page instead of Rich's 80 columns, so tables
+        # stay one row per line; COLUMNS still wins when set.
+        width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+        self.console = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
         self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
 
     def emit_json(self, kind: str, payload: Mapping[str, Any]) -> None:

@@ -34,7 +34,8 @@ from kvctl.models import resolve_model
 from kvctl.output import Output
 from kvctl.units import format_size, parse_duration
 
-app = typer.Typer(help="Benchmarks: fabric throughput, latency and integrity.",
+app = typer.Typer(help="Benchmarks: fabric throughput, latency and integrity.\n\n"
+                  "Example: kvctl bench transfer --verify",
                   no_args_is_help=True)
 
 _S = "Sweep"

@@ -12,7 +12,8 @@ from kvctl.config import CommonSettings
 from kvctl.doctor.env import Status, default_checks, run_checks
 from kvctl.errors import UnavailableError
 
-app = typer.Typer(help="Environment checks: drivers, devices, engines, servers.",
+app = typer.Typer(help="Environment checks: drivers, devices, engines, servers.\n\n"
+                  "Example: kvctl doctor env",
                   no_args_is_help=True)
 
 _STYLE = {Status.OK: "green", Status.UNAVAILABLE: "yellow", Status.ERROR: "red"}

@@ -22,7 +22,8 @@ from kvctl.output import Output
 from kvctl.transfer.metadata import MetadataServer, MetadataSettings, key_prefix, open_configured
 from kvctl.transfer.metadata.settings import DEFAULT_PORT
 
-app = typer.Typer(help="kvctl's metadata server, and what is published in a metadata service.",
+app = typer.Typer(help="kvctl's metadata server, and what is published in a metadata service.\n\n"
+                  "Example: kvctl metadata serve --listen 127.0.0.1:7420",
                   no_args_is_help=True)
 
 MetadataOpt = Annotated[

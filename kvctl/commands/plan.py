@@ -13,7 +13,9 @@ from kvctl.config import redacted
 from kvctl.output import Output
 from kvctl.plan.readback import PlanSettings, ReadbackPlan, Winner, plan_readback
 
-app = typer.Typer(help="Planners: back-of-the-envelope answers.", no_args_is_help=True)
+app = typer.Typer(help="Planners: back-of-the-envelope answers.\n\n"
+                  "Example: kvctl plan readback --model llama-3-70b --prefill-tps 5000 "
+                  "--read-gbps 20", no_args_is_help=True)
 
 
 @app.command("readback")

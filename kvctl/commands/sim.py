@@ -16,7 +16,8 @@ from kvctl.sim.replay import CellResult
 from kvctl.sim.run import PoolReport, simulate_pool
 from kvctl.sim.settings import SimSettings
 
-app = typer.Typer(help="Simulators: what a shared KV pool saves.", no_args_is_help=True)
+app = typer.Typer(help="Simulators: what a shared KV pool saves.\n\n"
+                  "Example: kvctl sim pool --plot pool.png", no_args_is_help=True)
 
 _W = "Workload"
 _C = "Cluster"

@@ -25,7 +25,8 @@ from kvctl.store.settings import StoreSettings
 from kvctl.store.smoke import SmokeReport, run_kvctl, run_mooncake
 from kvctl.units import format_size
 
-app = typer.Typer(help="The embedded KV store: serve it, put/get objects, validate it.",
+app = typer.Typer(help="The embedded KV store: serve it, put/get objects, validate it.\n\n"
+                  "Example: kvctl store serve & kvctl store smoke",
                   no_args_is_help=True)
 
 BACKENDS = ("kvctl", "mooncake")

@@ -25,7 +25,8 @@ from kvctl.topo.snapshot import write_snapshot
 from kvctl.topo.sources import TopoSettings, live_sources, load_topology
 
 app = typer.Typer(
-    help="GPU-NIC PCIe affinity: which NIC serves which GPU, and what is misconfigured.",
+    help="GPU-NIC PCIe affinity: which NIC serves which GPU, and what is misconfigured."
+    "\n\nExample: kvctl topo --format env",
     no_args_is_help=False,
 )
 

@@ -25,7 +25,8 @@ from kvctl.keys.selfcheck import CheckResult, self_check, tenant_isolation
 from kvctl.keys.settings import KeysSettings
 from kvctl.output import Output
 
-app = typer.Typer(help="Check that every instance names KV blocks with the same keys.",
+app = typer.Typer(help="Check that every instance names KV blocks with the same keys.\n\n"
+                  "Example: kvctl verify-keys compare host-a.json host-b.json",
                   no_args_is_help=False)
 
 ProfileOpt = Annotated[str | None, typer.Option(

@@ -95,7 +95,8 @@ def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
         gbps = _number(row, GBPS_KEY)
         if gbps is None or math.isnan(gbps) or gbps <= 0:
             raise UsageError(
-                f"bench result {path}: row {index} has {GBPS_KEY} {row.get(GBPS_KEY)!r}, expected a "
+                f"bench result {path}: row {index} has {GBPS_KEY} {row.get(GBPS_KEY)!r}, "
+                "expected a "
                 "positive number of GB/s",
                 _HINT,
             )

@@ -169,3 +169,101 @@ def verify_keys(params: VerifyKeysParams, ctx: RunContext) -> list[CheckResult]:
         {"checks": [dataclasses.asdict(c) for c in checks]},
     ))
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchTransferParams:
+    """``bench-transfer``: a short verified sweep; thresholds as in ``kvctl bench transfer``.
+
+    Without ``peer`` an embedded target starts on loopback.
+    """
+
+    transport: str = "shm,tcp"
+    op: str = "both"
+    block_size: str = "64KiB,1MiB"
+    batch_size: str = "32"
+    iterations: int = 20
+    warmup: int = 2
+    verify: bool = True
+    engine: list[str] = dataclasses.field(default_factory=lambda: ["kvctl"])
+    peer: str | None = None
+    metadata: str | None = None
+    expect_gbps: float | None = None
+    expect_line_rate: float | None = None
+    timeout: float = dataclasses.field(default=30.0, metadata={"unit": "duration"})
+
+
+@register_step("bench-transfer", BenchTransferParams, "fabric throughput with verified bytes")
+def bench_transfer(params: BenchTransferParams, ctx: RunContext) -> list[CheckResult]:
+    from kvctl.bench.result import shortfalls
+    from kvctl.bench.session import RunOptions, run_transfer_bench, validate_engines
+    from kvctl.bench.spec import BenchSettings, build_sweep
+
+    settings = BenchSettings(
+        transport=params.transport, op=params.op, block_size=params.block_size,
+        batch_size=params.batch_size, iterations=params.iterations, warmup=params.warmup,
+        verify=params.verify, engine=tuple(params.engine), peer=params.peer,
+        metadata=params.metadata, timeout=params.timeout,
+    )
+    options = RunOptions(engines=validate_engines(settings.engine), peer=params.peer,
+                         metadata=params.metadata, timeout_s=params.timeout,
+                         expect_line_rate=params.expect_line_rate,
+                         expect_gbps=params.expect_gbps)
+    report = run_transfer_bench(build_sweep(settings), options,
+                                on_row=lambda row: ctx.progress(f"bench {row.label()}"))
+    threshold = " and ".join(
+        t for t in (f">= {params.expect_gbps:g} GB/s" if params.expect_gbps else "",
+                    f">= {params.expect_line_rate:.0%} of line rate"
+                    if params.expect_line_rate else "") if t) or "no errors"
+    rows: list[CheckResult] = []
+    for row in report.rows:
+        missed = shortfalls([row], expect_line_rate=params.expect_line_rate,
+                            expect_gbps=params.expect_gbps)
+        measured = f"{row.throughput_gbps:.3f} GB/s"
+        if row.line_rate_fraction is not None:
+            measured += f" ({row.line_rate_fraction:.0%} of line rate)"
+        if row.verified:
+            measured += ", verified"
+        rows.append(CheckResult(
+            row.label(), Verdict.FAIL if missed else Verdict.PASS, measured, threshold,
+            "; ".join(m.reason for m in missed) or None,
+            {"throughput_gbps": row.throughput_gbps, "transport": row.transport,
+             "path": row.path, "errors": row.errors},
+        ))
+    for skip in report.skipped:
+        what = skip.engine + (f" {skip.transport}" if skip.transport else "")
+        rows.append(CheckResult(what, Verdict.SKIP, f"unavailable: {skip.reason}",
+                                hint=skip.hint))
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreSmokeParams:
+    """``store-smoke``: the end-to-end store validation (``kvctl store smoke``).
+
+    Without ``master`` an embedded store starts here: kvctl's (master, two nodes, one with an
+    SSD tier), or for ``backend: mooncake`` a ``mooncake_master`` on loopback.
+    """
+
+    backend: str = "kvctl"
+    master: str | None = None
+
+
+@register_step("store-smoke", StoreSmokeParams, "the KV store keeps and returns objects")
+def store_smoke(params: StoreSmokeParams, ctx: RunContext) -> list[CheckResult]:
+    from kvctl.config import CommonSettings, load_section
+    from kvctl.store.smoke import run_kvctl, run_mooncake
+
+    token = load_section(CommonSettings).token
+    if params.backend == "kvctl":
+        report = run_kvctl(params.master, token=token, progress=ctx.progress)
+    elif params.backend == "mooncake":
+        report = run_mooncake(params.master, progress=ctx.progress)
+    else:
+        raise ConfigError(f"store-smoke: unknown backend {params.backend!r}",
+                          "use kvctl or mooncake")
+    verdicts = {"pass": Verdict.PASS, "fail": Verdict.FAIL, "skip": Verdict.SKIP}
+    return [CheckResult(c.name, verdicts.get(c.status, Verdict.FAIL), c.detail,
+                        "byte-exact", None if c.status != "fail" else
+                        f"run 'kvctl store smoke --backend {params.backend}' for details",
+                        {"bytes_moved": c.bytes_moved}) for c in report.checks]

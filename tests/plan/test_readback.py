@@ -100,7 +100,8 @@ def test_bench_file_picks_fastest_read_row(tmp_path: Path) -> None:
     assert read_bench_file(path, size_bytes=65536).gbps == 8.5
     with pytest.raises(UsageError, match="no read rows of block_size_bytes 4096"):
         read_bench_file(path, size_bytes=4096)
-    bare = write_bench(tmp_path, [{"throughput_gbps": 3}, {"throughput_gbps": 4.5}])  # bare list, no op
+    # a bare list of rows, without op
+    bare = write_bench(tmp_path, [{"throughput_gbps": 3}, {"throughput_gbps": 4.5}])
     assert read_bench_file(bare).gbps == 4.5
 
 
@@ -142,7 +143,8 @@ def test_cli_json_schema(kvctl: Callable[..., Any]) -> None:
 
 
 def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Path) -> None:
-    bench = write_bench(tmp_path, {"rows": [{"op": "read", "block_size_bytes": 4096, "throughput_gbps": 1.0}]})
+    bench = write_bench(tmp_path, {"rows": [
+        {"op": "read", "block_size_bytes": 4096, "throughput_gbps": 1.0}]})
     r = kvctl("plan", "readback", "--model", "llama-3-70b", "--prefill-tps", "5000",
               "--bench-file", str(bench), "--sessions", "10", "--context-tokens", "100000")
     assert r.exit_code == 0, r.stderr
