@@ -29,10 +29,10 @@ from rich.progress import (
 )
 
 from kvctl import SCHEMA_VERSION
+from kvctl.errors import KvctlError
 
 #: Columns of tables written to a pipe or file.
 PIPE_WIDTH = 160
-from kvctl.errors import KvctlError
 
 
 def to_jsonable(obj: Any) -> Any:
