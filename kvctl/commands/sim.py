@@ -9,12 +9,16 @@ import typer
 from rich.table import Table
 
 from kvctl.commands._common import JsonOpt, global_options
-from kvctl.config import redacted
+from kvctl.config import CommonSettings, redacted
+from kvctl.errors import UsageError
 from kvctl.output import Output
 from kvctl.sim.plot import plot_recompute
 from kvctl.sim.replay import CellResult
 from kvctl.sim.run import PoolReport, simulate_pool
 from kvctl.sim.settings import SimSettings
+from kvctl.sim.store_pool import StorePoolRun, StoreRunSummary
+from kvctl.store.embedded import resolve_master
+from kvctl.store.settings import StoreSettings
 
 app = typer.Typer(help="Simulators: what a shared KV pool saves.\n\n"
                   "Example: kvctl sim pool --plot pool.png", no_args_is_help=True)
@@ -22,6 +26,7 @@ app = typer.Typer(help="Simulators: what a shared KV pool saves.\n\n"
 _W = "Workload"
 _C = "Cluster"
 _T = "Time view"
+_S = "Live store"
 
 
 @app.command("pool")
@@ -55,7 +60,16 @@ def pool(
         help="Local prefix-cache capacities per instance to compare, blocks, comma-separated. "
              "(default: 8000,2000)", rich_help_panel=_C)] = None,
     pool_blocks: Annotated[int | None, typer.Option(
-        help="Shared pool capacity, blocks. (default: 400000)", rich_help_panel=_C)] = None,
+        help="Shared pool capacity, blocks; not used with --store. (default: 400000)",
+        rich_help_panel=_C)] = None,
+    store: Annotated[str | None, typer.Option(
+        "--store", show_default=False, rich_help_panel=_S,
+        help="Replay the pool against a running kvctl store: master HOST:PORT ('' = the "
+             "local embedded store). Its capacity and LRU decide what the pool keeps.")] = None,
+    keep: Annotated[bool, typer.Option(
+        "--keep", rich_help_panel=_S,
+        help="With --store: leave the run's keys (kvctl-sim/<run-id>/...) in the store.")
+    ] = False,
     model: Annotated[str | None, typer.Option(
         help="Model name (e.g. llama-3-70b) or config.json, for KV bytes per token.",
         rich_help_panel=_T)] = None,
@@ -77,9 +91,12 @@ def pool(
     Reports the share of prefill tokens recomputed per routing x pool x local capacity,
     and the floor no cache can beat. Defaults are the reference workload.
 
-    Replaying the pool against a running kvctl store (--store) is not available yet.
+    With --store ADDR the pool cells run against a live kvctl store instead of in memory:
+    each block is a 16-byte object under kvctl-sim/<run-id>/, removed afterwards.
 
     Example: kvctl sim pool --local-blocks 500,1000,2000,4000,8000 --plot pool.png
+
+    Example: kvctl sim pool --sessions 50 --store 127.0.0.1:50051
     """
     opts = global_options(ctx)
     settings = opts.settings(
@@ -89,39 +106,65 @@ def pool(
         instances=instances, block_size=block_size, local_blocks=local_blocks,
         pool_blocks=pool_blocks, model=model, prefill_tps=prefill_tps, pool_gbps=pool_gbps,
     )
+    if keep and store is None:
+        raise UsageError("--keep needs --store", "add --store HOST:PORT, or drop --keep")
     out = opts.output(json_mode=json_out)
     total = 4 * len(settings.local_blocks)
+    summary: StoreRunSummary | None = None
     with out.progress("replaying", total=total) as bar:
         task = bar.task_ids[0]
 
         def advance(_cell: CellResult) -> None:
             bar.advance(task)
 
-        report = simulate_pool(settings, on_cell=advance)
+        if store is None:
+            report = simulate_pool(settings, on_cell=advance)
+        else:
+            address = resolve_master(opts.settings(StoreSettings, master=store or None))
+            token = opts.settings(CommonSettings).token
+            with StorePoolRun(address, token=token, keep=keep) as run:
+                report = simulate_pool(settings, pool_factory=run.factory, on_cell=advance)
+            summary = run.close()
     if plot is not None:
         plot_recompute(report.cells, report.floor, plot,
                        title=f"{settings.sessions} sessions, {settings.instances} instances")
         out.info(f"wrote {plot}")
     if json_out:
-        payload = {"settings": redacted(settings), **vars(report)}
+        payload = {"settings": redacted(settings), **vars(report), "store": summary}
         if plot is not None:
             payload["plot"] = str(plot)
         out.emit_json("sim-pool", payload)
         return
-    _render(out, report)
+    _render(out, report, summary)
 
 
 def _pct(value: float) -> str:
     return f"{100 * value:.1f}%"
 
 
-def _render(out: Output, report: PoolReport) -> None:
+def _store_note(s: StoreRunSummary) -> str:
+    cleanup = (f"kept {s.keys_left:,} keys under {s.prefix}" if s.kept else
+               "cleanup failed: remove them with 'kvctl store ls' and 'kvctl store rm'"
+               if s.keys_left is None else f"removed {s.keys_removed:,}, {s.keys_left} left")
+    misses = (f"; {s.read_misses:,} blocks vanished between exists and read (counted as hits)"
+              if s.read_misses else "")
+    return (f"Store {s.store}: {s.cells} pool cells under {s.prefix}, {s.keys_written:,} "
+            f"{s.value_bytes}-byte block objects ({cleanup}); {s.exists_calls:,} exists, "
+            f"{s.get_calls:,} get, {s.put_calls:,} put round trips, {s.store_seconds:.1f} s in "
+            f"store calls{misses}.")
+
+
+def _render(out: Output, report: PoolReport, store: StoreRunSummary | None = None) -> None:
     w = report.workload
     spec = w.spec
+    pool = f"pool {w.pool_blocks:,} blocks ({w.pool_backend})"
+    if store is not None:
+        pool = (f"pool: the kvctl store at {store.store} (its capacity, about "
+                f"{store.capacity_blocks:,} blocks, and its LRU decide)")
     out.print(
         f"Workload: {spec.sessions} sessions, {w.turns} turns, {w.prefill_tokens:,} prefill "
-        f"tokens; {w.instances} instances, {spec.block_size}-token blocks, pool "
-        f"{w.pool_blocks:,} blocks ({w.pool_backend}), answer KV {w.answer_kv}, seed {spec.seed}"
+        f"tokens; {w.instances} instances, {spec.block_size}-token blocks, {pool}, "
+        f"answer KV {w.answer_kv}, seed {spec.seed}"
     )
     capacities = list(dict.fromkeys(c.local_blocks for c in report.cells))
     rows: dict[str, dict[int, CellResult]] = {}
@@ -144,6 +187,8 @@ def _render(out: Output, report: PoolReport) -> None:
                                              for by_capacity in rows.values()))
     out.print(table)
     out.print(report.floor_explanation)
+    if store is not None:
+        out.print(_store_note(store))
     view = report.time_view
     if view is None:
         return

@@ -9,7 +9,8 @@ import typer
 from rich.table import Table
 
 from kvctl.commands._common import JsonOpt, global_options
-from kvctl.errors import ExitCode
+from kvctl.config import CommonSettings
+from kvctl.errors import ExitCode, UsageError
 from kvctl.keys.compare import Comparison, compare
 from kvctl.keys.manifest import (
     Manifest,
@@ -23,10 +24,25 @@ from kvctl.keys.profiles import KeyConfig, known_profiles
 from kvctl.keys.prompts import load_tokenizer, read_prompts
 from kvctl.keys.selfcheck import CheckResult, self_check, tenant_isolation
 from kvctl.keys.settings import KeysSettings
+from kvctl.keys.store_check import (
+    BACKENDS,
+    StoreCheckReport,
+    Verdict,
+    check_expect_hit,
+    check_store,
+    open_store,
+)
 from kvctl.output import Output
+from kvctl.store.embedded import resolve_master
+from kvctl.store.settings import StoreSettings
 
 app = typer.Typer(help="Check that every instance names KV blocks with the same keys.\n\n"
-                  "Example: kvctl verify-keys compare host-a.json host-b.json",
+                  "Without a command: self-check the key scheme; with --store ADDR --prompts "
+                  "FILE: how many leading blocks of each prompt a live store holds, and which "
+                  "block breaks the chain.\n\n"
+                  "Example: kvctl verify-keys compare host-a.json host-b.json\n\n"
+                  "Example: kvctl verify-keys --store 127.0.0.1:50051 --prompts p.jsonl "
+                  "--expect-hit 0.9",
                   no_args_is_help=False)
 
 ProfileOpt = Annotated[str | None, typer.Option(
@@ -63,6 +79,13 @@ StorePrefixOpt = Annotated[str | None, typer.Option(
     show_default=False)]
 
 
+TokenizerOpt = Annotated[str | None, typer.Option(
+    "--tokenizer", help="Tokenizer (path or id) for prompts given as text.",
+    show_default=False)]
+
+_STORE = "Live store check"
+
+
 def _config(ctx: typer.Context, extra: list[str] | None, **flags: object) -> KeyConfig:
     settings = global_options(ctx).settings(KeysSettings, **flags)
     return config_from_settings(settings, extra_fields=extra or [])
@@ -94,21 +117,65 @@ def verify_keys(
         "--tenant-isolation", help="Also check that two tenants' keys share nothing.")] = False,
     tenants: Annotated[str, typer.Option(
         "--tenants", help="Comma-separated tenants for --tenant-isolation.")] = "tenant-a,tenant-b",
+    store: Annotated[str | None, typer.Option(
+        "--store", rich_help_panel=_STORE, show_default=False,
+        help="Check a live store instead: master HOST:PORT ('' = the local embedded store).")
+    ] = None,
+    prompts: Annotated[Path | None, typer.Option(
+        "--prompts", rich_help_panel=_STORE, show_default=False,
+        help="Prompts file (JSON lines) whose blocks to look up with --store.")] = None,
+    backend: Annotated[str, typer.Option(
+        "--backend", rich_help_panel=_STORE,
+        help="Store behind --store: kvctl, or mooncake (a Mooncake master).")] = "kvctl",
+    expect_hit: Annotated[float | None, typer.Option(
+        "--expect-hit", rich_help_panel=_STORE, show_default=False,
+        help="Exit 1 if a prompt's held prefix is below this fraction of its blocks.")
+    ] = None,
+    lora_name: LoraNameOpt = None,
+    lora_path: LoraPathOpt = None,
+    world_size: WorldSizeOpt = None,
+    worker_id: WorkerIdOpt = None,
+    tp_rank: TpRankOpt = None,
+    key_format: KeyFormatOpt = None,
+    store_prefix: StorePrefixOpt = None,
+    tokenizer: TokenizerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Self-check the key scheme in use on built-in sample prompts.
+    """Self-check the key scheme in use on built-in sample prompts, or (with --store) look
+    up a prompts file's blocks in a live store.
 
     Same prefix gives the same keys; a change at token t changes every key from t's block
     on and none before; a different seed setting changes every key; partial blocks have no
     key. Exit 1 when a check fails.
 
+    With --store ADDR --prompts FILE: per prompt, how many leading blocks the store holds
+    (the hit prefix), the first missing block, and blocks held after that gap (evicted, or
+    written under other settings). Exit 1 only when --expect-hit is given and missed.
+
     Example: kvctl verify-keys --profile vllm:sha256_cbor --tenant-isolation
+
+    Example: kvctl verify-keys --store 127.0.0.1:50051 --prompts p.jsonl --expect-hit 0.9
     """
     if ctx.invoked_subcommand is not None:
         return
     out = global_options(ctx).output(json_mode=json_out)
-    config = _config(ctx, seed_field, profile=profile, block_size=block_size, model=model,
-                     revision=revision, tenant=tenant, kv_dtype=kv_dtype, kv_layout=kv_layout)
+    flags: dict[str, object] = {
+        "profile": profile, "block_size": block_size, "model": model, "revision": revision,
+        "tenant": tenant, "kv_dtype": kv_dtype, "kv_layout": kv_layout, "lora_name": lora_name,
+        "lora_path": lora_path, "world_size": world_size, "worker_id": worker_id,
+        "tp_rank": tp_rank, "key_format": key_format, "store_prefix": store_prefix}
+    store_only = (store, prompts, expect_hit, tokenizer)
+    if any(v is not None for v in store_only) or backend != "kvctl":
+        report = _store_check(ctx, store, prompts, backend, expect_hit, seed_field, out,
+                              tokenizer=tokenizer, **flags)
+        if json_out:
+            out.emit_json("keys.store-check", {**vars(report), "ok": report.ok})
+        else:
+            _render_store_check(out, report)
+        if not report.ok:
+            raise typer.Exit(int(ExitCode.CHECK_FAILED))
+        return
+    config = _config(ctx, seed_field, **flags)
     # Engine profiles that write model and dtype into keys need some value to self-check.
     fields = config.fields.replace(model=config.fields.model or "selfcheck-model",
                                    kv_dtype=config.fields.kv_dtype or "bfloat16")
@@ -128,6 +195,68 @@ def verify_keys(
             _checks_table(out, "tenant isolation", isolation)
     if not ok:
         raise typer.Exit(int(ExitCode.CHECK_FAILED))
+
+
+def _store_check(ctx: typer.Context, store: str | None, prompts: Path | None, backend: str,
+                 expect_hit: float | None, seed_field: list[str] | None, out: Output,
+                 *, tokenizer: str | None, **flags: object) -> StoreCheckReport:
+    if store is None or prompts is None:
+        raise UsageError("the store check needs both --store ADDR and --prompts FILE",
+                         "e.g. kvctl verify-keys --store 127.0.0.1:50051 --prompts p.jsonl "
+                         "(--store '' for the local embedded store)")
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
+    check_expect_hit(expect_hit)
+    opts = global_options(ctx)
+    config = _config(ctx, seed_field, **flags)
+    encode = load_tokenizer(tokenizer) if tokenizer else None
+    manifest = emit(config, read_prompts(prompts, tokenizer=encode))
+    if not manifest.seed.reproducible:
+        out.warn(f"PYTHONHASHSEED is unset and {config.profile} draws a random first link per "
+                 "process: no store can hold these keys")
+    if backend == "kvctl":
+        address = resolve_master(opts.settings(StoreSettings, master=store or None))
+    else:
+        address = store or opts.settings(StoreSettings).master
+    token = opts.settings(CommonSettings).token
+    out.debug(f"looking up {sum(len(p.keys) for p in manifest.prompts)} keys in the "
+              f"{backend} store at {address}")
+    with open_store(backend, address, token=token) as exists:
+        return check_store(manifest, exists, backend=backend, store=address,
+                           expect_hit=expect_hit)
+
+
+_VERDICT_STYLE = {Verdict.FULL: "[green]full[/green]", Verdict.PARTIAL: "[yellow]partial[/yellow]",
+                  Verdict.MISS: "[red]miss[/red]", Verdict.BROKEN: "[red]broken[/red]",
+                  Verdict.EMPTY: "[dim]no full block[/dim]"}
+
+
+def _render_store_check(out: Output, report: StoreCheckReport) -> None:
+    expect = ("" if report.expect_hit is None else
+              f", expected hit >= {100 * report.expect_hit:g}%")
+    table = Table(title=f"blocks held by the {report.backend} store at {report.store} "
+                  f"({report.profile}, block size {report.block_size}, keys "
+                  f"{report.key_format}{expect})")
+    table.add_column("prompt")
+    for col in ("blocks", "held prefix", "hit", "first missing block", "held after gap"):
+        table.add_column(col, justify="right")
+    table.add_column("verdict")
+    for r in report.prompts:
+        hit = f"{100 * r.hit_fraction:.0f}%"
+        if r.below_expected:
+            hit = f"[red]{hit}[/red]"
+        missing = "-" if r.first_missing_block is None else str(r.first_missing_block)
+        table.add_row(r.prompt, str(r.blocks), str(r.held_prefix), hit, missing,
+                      str(r.held_after_gap), _VERDICT_STYLE[r.verdict])
+    out.print(table)
+    broken = [r for r in report.prompts if r.verdict is Verdict.BROKEN]
+    if broken:
+        out.print(f"{len(broken)} prompt(s) have blocks held after a missing one: prefix "
+                  "matching stops at the gap. The missing block was evicted, or the rest was "
+                  "written by an instance whose keys differ from these settings (compare "
+                  "manifests with 'kvctl verify-keys emit' and 'compare').")
+    out.print(f"{report.keys_checked} keys looked up in {report.exists_calls} request(s); "
+              f"settings fingerprint {report.fingerprint}.")
 
 
 @app.command("profiles")
@@ -178,9 +307,7 @@ def emit_cmd(
     tp_rank: TpRankOpt = None,
     key_format: KeyFormatOpt = None,
     store_prefix: StorePrefixOpt = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        "--tokenizer", help="Tokenizer (path or id) for prompts given as text.",
-        show_default=False)] = None,
+    tokenizer: TokenizerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Write this instance's key manifest: settings fingerprint + every prompt's keys.

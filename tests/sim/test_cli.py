@@ -100,7 +100,7 @@ def test_plot_without_matplotlib_says_how_to_install(
         (("--model", "gpt-17", "--prefill-tps", "1", "--pool-gbps", "1"), "unknown model"),
         (("--model", "llama-3-8b", "--prefill-tps", "-1", "--pool-gbps", "1"),
          "--prefill-tps -1.0 is not a positive number"),
-        (("--store", "127.0.0.1:1"), "No such option"),
+        (("--keep",), "--keep needs --store"),
     ],
 )
 def test_bad_input_exits_2_with_error_and_hint(
