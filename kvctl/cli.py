@@ -19,6 +19,7 @@ import typer
 
 from kvctl import __version__
 from kvctl.commands._common import GlobalOptions
+from kvctl.config import read_config_file
 from kvctl.errors import ExitCode, KvctlError, UsageError
 from kvctl.output import print_error
 
@@ -64,6 +65,11 @@ def _root(
         level = logging.ERROR
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
     ctx.obj = GlobalOptions(config=config, verbose=verbose, quiet=quiet)
+    # A broken config file fails every command, also those that read no setting from it.
+    config_file = config or (Path(os.environ["KVCTL_CONFIG"])
+                             if os.environ.get("KVCTL_CONFIG") else None)
+    if config_file is not None:
+        read_config_file(config_file)
 
 
 def build_app() -> typer.Typer:
@@ -107,6 +113,9 @@ def _register_commands(app: typer.Typer) -> None:
     from kvctl.commands import bench
 
     app.add_typer(bench.app, name="bench")
+    from kvctl.commands import help as help_topics
+
+    app.command("help")(help_topics.help_command)
 
 
 app = build_app()

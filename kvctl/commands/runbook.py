@@ -28,8 +28,9 @@ def runbook(
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Validate a host, a fabric and a cache in one run: every check with its measured value,
-    threshold and hint; exit 1 if any check failed.
+    """Validate a host, a fabric and a cache in one run; exit 1 if any check failed.
+
+    Prints one verdict table: every check with its measured value, threshold and hint.
 
     With no file it runs the built-in single-host runbook on embedded defaults: topo doctor,
     a short verified transfer sweep, a store smoke, a key self-check and a shared-pool

@@ -7,17 +7,27 @@ A runbook is YAML::
     steps:
       - check: topo-doctor          # a registered step kind
         name: host wiring           # optional display name
+        required: true              # optional: fail (not skip) when it cannot run here
         fail_on: error              # step parameters, validated by the step's dataclass
       - check: bench-transfer
         transports: [shm, tcp]
 
 Unknown step kinds, unknown parameters and bad values are errors naming the file and the step.
+
+String values may name environment variables, so one runbook serves every cluster:
+``${NAME}`` (an error naming the file, the step and the variable when it is unset or empty),
+``${NAME:-default}`` (the default when unset or empty) and ``$$`` (a literal ``$``)::
+
+    - check: bench-transfer
+      peer: ${BENCH_TARGET}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -106,11 +116,16 @@ def step_kinds() -> dict[str, StepKind[Any]]:
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One configured step of a runbook."""
+    """One configured step of a runbook.
+
+    ``required``: a check that cannot run at all (a component or server unavailable) fails
+    the runbook instead of being skipped.
+    """
 
     kind: StepKind[Any]
     name: str
     params: Any
+    required: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +137,64 @@ class Runbook:
     steps: tuple[Step, ...]
 
 
-def parse_runbook(data: Any, source: str) -> Runbook:
-    """Validate a runbook document (already parsed YAML) from ``source``."""
+_REFERENCE = re.compile(
+    r"\$(?:\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?\}|(?P<dollar>\$)"
+    r"|(?P<bad>\{[^}]*\}?))")
+
+
+def substitute_env(data: Any, source: str, env: Mapping[str, str] | None = None) -> Any:
+    """``data`` with ``${NAME}``, ``${NAME:-default}`` and ``$$`` replaced in every string.
+
+    Only values are substituted (never keys), after YAML parsing, so a variable cannot change
+    the document's structure.
+
+    Raises:
+        ConfigError: a variable without a default is unset or empty, or a reference is
+            malformed; the message names ``source``, the step and the key.
+    """
+    environ = os.environ if env is None else env
+
+    def walk(node: Any, where: str) -> Any:
+        # where: 'description', 'step 2, peer', 'step 1, manifests item 3'
+        if isinstance(node, str):
+            return _REFERENCE.sub(lambda m: expand(m, where), node)
+        if isinstance(node, list):
+            label = "step" if where == "steps" else f"{where} item"
+            return [walk(item, f"{label} {i}") for i, item in enumerate(node, start=1)]
+        if isinstance(node, dict):
+            return {key: walk(value, f"{where}, {key}" if where else str(key))
+                    for key, value in node.items()}
+        return node
+
+    def expand(match: re.Match[str], where: str) -> str:
+        if match.group("dollar"):
+            return "$"
+        name = match.group("name")
+        if name is None:
+            raise ConfigError(f"{source}: {where}: malformed variable reference "
+                              f"{match.group(0)!r}",
+                              "write ${NAME} or ${NAME:-default} (and $$ for a literal $)")
+        value = environ.get(name, "")
+        if value:
+            return value
+        default = match.group("default")
+        if default is not None:
+            return default
+        raise ConfigError(f"{source}: {where}: environment variable {name} is not set",
+                          f"export {name}=... before running the runbook, or write "
+                          f"${{{name}:-default}} in it")
+
+    return walk(data, "")
+
+
+def parse_runbook(data: Any, source: str, env: Mapping[str, str] | None = None) -> Runbook:
+    """Validate a runbook document (already parsed YAML) from ``source``.
+
+    ``${NAME}`` references are filled from ``env`` (``os.environ`` when ``None``); see
+    :func:`substitute_env`.
+    """
     kinds = step_kinds()
+    data = substitute_env(data, source, env)
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a runbook must be a mapping with 'steps'",
                           "see examples/runbooks/single-host.yaml")
@@ -149,14 +219,19 @@ def parse_runbook(data: Any, source: str) -> Runbook:
             raise ConfigError(f"{where}: unknown check {kind_name!r}",
                               f"known checks: {', '.join(sorted(kinds))}")
         name = str(body.pop("name", kind_name))
+        required = body.pop("required", False)
+        if not isinstance(required, bool):
+            raise ConfigError(f"{where} ({kind_name}): required must be true or false, "
+                              f"not {required!r}",
+                              "required: true makes an unavailable check fail, not skip")
         params = from_mapping(kind.params, body, f"{where} ({kind_name})")
-        steps.append(Step(kind, name, params))
+        steps.append(Step(kind, name, params, required))
     return Runbook(str(data.get("name", Path(source).stem)), str(data.get("description", "")),
                    tuple(steps))
 
 
-def load_runbook(path: Path) -> Runbook:
-    """Read and validate a runbook YAML file."""
+def load_runbook(path: Path, env: Mapping[str, str] | None = None) -> Runbook:
+    """Read and validate a runbook YAML file (``${NAME}`` filled from ``env``)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -169,4 +244,4 @@ def load_runbook(path: Path) -> Runbook:
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"runbook {path} is not valid YAML{where}",
                           "fix the YAML syntax") from exc
-    return parse_runbook(data, str(path))
+    return parse_runbook(data, str(path), env)

@@ -46,7 +46,8 @@ def builtin_runbook(name: str = BUILTIN) -> Runbook:
 def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = None,
                 workdir: Path | None = None) -> RunbookReport:
     """Run every step. A step raising a kvctl error becomes a failed check (an unavailable
-    component a skipped one, with its hint); no step can stop the ones after it."""
+    component a skipped one, with its hint, or a failed one when the step is ``required``);
+    no step can stop the ones after it."""
     notify = progress or (lambda _msg: None)
     started = time.perf_counter()
     results: list[CheckResult] = []
@@ -58,7 +59,9 @@ def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = No
             try:
                 rows = step.kind.run(step.params, ctx)
             except UnavailableError as exc:
-                rows = [CheckResult("", Verdict.SKIP, f"unavailable: {exc.cause}", hint=exc.hint)]
+                verdict = Verdict.FAIL if step.required else Verdict.SKIP
+                rows = [CheckResult("", verdict, f"unavailable: {exc.cause}",
+                                    "required" if step.required else "", hint=exc.hint)]
             except KvctlError as exc:
                 rows = [CheckResult("", Verdict.FAIL, exc.cause, hint=exc.hint)]
             elapsed = time.perf_counter() - t0

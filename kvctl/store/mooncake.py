@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvctl.errors import KvctlError, UnavailableError
+from kvctl.errors import KvctlError, UnavailableError, UsageError
 from kvctl.store.errors import ObjectNotFoundError, StoreError, StoreUnavailableError
 
 _log = logging.getLogger("kvctl.store.mooncake")
@@ -207,6 +207,21 @@ class MooncakeStorage:
                 self._proc.wait(5)
 
 
+def _check_reachable(master: str, timeout_s: float = 3.0) -> None:
+    """Fail fast when nothing accepts connections at the master's ``HOST:PORT``."""
+    host, _, port = master.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"Mooncake master {master!r} is not HOST:PORT",
+                         "give the master's RPC address, e.g. 10.0.0.1:50051")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise MooncakeUnavailableError(
+            f"cannot reach mooncake_master at {master}: {exc.strerror or exc}",
+            "check that mooncake_master runs there and the port is open "
+            "(kvctl starts one when --master is not given)") from exc
+
+
 class MooncakeStore:
     """A ``MooncakeDistributedStore`` client over TCP; with ``global_segment_bytes > 0`` it
     also contributes memory (objects placed there vanish when it closes).
@@ -228,6 +243,7 @@ class MooncakeStore:
                  local_buffer_bytes: int = 128 << 20, protocol: str = "tcp") -> None:
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
         cls = _load()
+        _check_reachable(master)  # setup() retries a dead master for about 90 s
         self.master = master
         self._store = cls()
         rc = self._store.setup(local_hostname, metadata_server, global_segment_bytes,

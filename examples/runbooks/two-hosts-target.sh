@@ -1,0 +1,9 @@
+#!/bin/sh
+# Two hosts: the target side of examples/runbooks/two-hosts.yaml. Run on host A:
+#   sh examples/runbooks/two-hosts-target.sh                 # serves on 0.0.0.0:7400
+#   LISTEN=10.0.0.5:7400 sh examples/runbooks/two-hosts-target.sh --serve-for 10m
+#   sh examples/runbooks/two-hosts-target.sh --metadata etcd://etcd:2379 --segment bench-a
+# Extra arguments go to 'kvctl bench transfer'. The segment is sized for the runbook's sweep
+# (1 MiB x 32 requests); change both together.
+exec kvctl bench transfer --role target --listen "${LISTEN:-0.0.0.0:7400}" \
+    --block-size 64KiB,1MiB --batch-size 32 "$@"
