@@ -64,10 +64,9 @@ def _root(
     if quiet:
         level = logging.ERROR
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
-    ctx.obj = GlobalOptions(config=config, verbose=verbose, quiet=quiet)
+    ctx.obj = options = GlobalOptions(config=config, verbose=verbose, quiet=quiet)
     # A broken config file fails every command, also those that read no setting from it.
-    config_file = config or (Path(os.environ["KVCTL_CONFIG"])
-                             if os.environ.get("KVCTL_CONFIG") else None)
+    config_file = options.config_file()
     if config_file is not None:
         read_config_file(config_file)
 

@@ -27,12 +27,15 @@ class GlobalOptions:
     verbose: int = 0
     quiet: bool = False
 
+    def config_file(self) -> Path | None:
+        """The config file in force: ``--config``, else ``KVCTL_CONFIG``, else none."""
+        if self.config is None and os.environ.get("KVCTL_CONFIG"):
+            return Path(os.environ["KVCTL_CONFIG"])
+        return self.config
+
     def settings(self, cls: type[T], **flags: Any) -> T:
         """Resolve settings ``cls``: defaults < --config/KVCTL_CONFIG < KVCTL_* < ``flags``."""
-        config = self.config
-        if config is None and os.environ.get("KVCTL_CONFIG"):
-            config = Path(os.environ["KVCTL_CONFIG"])
-        return load_section(cls, config_file=config, flags=flags)
+        return load_section(cls, config_file=self.config_file(), flags=flags)
 
     def output(self, *, json_mode: bool = False) -> Output:
         """An :class:`Output` honouring ``-q``/``-v`` and ``--json``."""

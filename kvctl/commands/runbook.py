@@ -60,7 +60,7 @@ def runbook(
                 return
             out.debug(message)
 
-        report = run_runbook(book, progress=progress)
+        report = run_runbook(book, progress=progress, config_file=opts.config_file())
     if json_out:
         out.emit_json("runbook", {"runbook": report.name, "passed": report.passed,
                                   "duration_s": report.duration_s, "results": report.results})

@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 
 import yaml
 
-from kvctl.config import from_mapping
+from kvctl.config import from_mapping, load_section
 from kvctl.errors import ConfigError
 
 P = TypeVar("P")
@@ -73,10 +73,16 @@ class CheckResult:
 
 @dataclasses.dataclass(frozen=True)
 class RunContext:
-    """What every step may use: a scratch directory and a progress callback."""
+    """What every step may use: a scratch directory, a progress callback, and the kvctl
+    config file in force (``--config``/``KVCTL_CONFIG``) for settings such as the token."""
 
     workdir: Path
     progress: Callable[[str], None] = lambda _msg: None
+    config_file: Path | None = None
+
+    def settings(self, cls: type[P]) -> P:
+        """Settings section ``cls`` resolved like a command's: defaults < config < env."""
+        return load_section(cls, config_file=self.config_file)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,8 @@ def builtin_runbook(name: str = BUILTIN) -> Runbook:
 
 
 def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = None,
-                workdir: Path | None = None) -> RunbookReport:
+                workdir: Path | None = None, config_file: Path | None = None
+                ) -> RunbookReport:
     """Run every step. A step raising a kvctl error becomes a failed check (an unavailable
     component a skipped one, with its hint, or a failed one when the step is ``required``);
     no step can stop the ones after it."""
@@ -52,7 +53,8 @@ def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = No
     started = time.perf_counter()
     results: list[CheckResult] = []
     with tempfile.TemporaryDirectory(prefix="kvctl-runbook-") as tmp:
-        ctx = RunContext(workdir=workdir or Path(tmp), progress=notify)
+        ctx = RunContext(workdir=workdir or Path(tmp), progress=notify,
+                         config_file=config_file)
         for step in runbook.steps:
             notify(f"{step.name}: running")
             t0 = time.perf_counter()

@@ -251,10 +251,10 @@ class StoreSmokeParams:
 
 @register_step("store-smoke", StoreSmokeParams, "the KV store keeps and returns objects")
 def store_smoke(params: StoreSmokeParams, ctx: RunContext) -> list[CheckResult]:
-    from kvctl.config import CommonSettings, load_section
+    from kvctl.config import CommonSettings
     from kvctl.store.smoke import run_kvctl, run_mooncake
 
-    token = load_section(CommonSettings).token
+    token = ctx.settings(CommonSettings).token
     if params.backend == "kvctl":
         report = run_kvctl(params.master, token=token, progress=ctx.progress)
     elif params.backend == "mooncake":

@@ -122,3 +122,13 @@ def test_cli_bad_runbook_exits_2(kvctl, tmp_path: Path) -> None:
     result = kvctl("runbook", str(write(tmp_path, "steps:\n  - check: nosuch\n")))
     assert result.exit_code == 2
     assert "Hint:" in result.stderr
+
+
+def test_steps_see_the_config_file_in_force(tmp_path: Path) -> None:
+    from kvctl.config import CommonSettings
+    from kvctl.runbook.model import RunContext
+
+    cfg = tmp_path / "kvctl.yaml"
+    cfg.write_text("common:\n  token: from-file\n")
+    assert RunContext(tmp_path, config_file=cfg).settings(CommonSettings).token == "from-file"
+    assert RunContext(tmp_path).settings(CommonSettings).token is None
