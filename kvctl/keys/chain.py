@@ -10,8 +10,9 @@
   digest) or ``xxh3-128`` (16 bytes, PyPI ``xxhash``; fast, not collision resistant against
   an adversary). A key is the raw digest; manifests show it as hex.
 
-:func:`chain_keys` is the hot path: tokens are packed once with :mod:`array` and each block
-costs one hash call over ``digest || 4*block_size`` bytes.
+:func:`chain_keys` is the hot path: a prompt's tokens are packed once with :mod:`array` (no
+copy of the list or of the packed bytes) and each block costs one hash call over
+``digest || 4*block_size`` bytes.
 """
 
 from __future__ import annotations
@@ -75,13 +76,33 @@ def pack_tokens(tokens: Sequence[int], *, what: str = "tokens") -> bytes:
     """
     if isinstance(tokens, array) and tokens.typecode == "I" and sys.byteorder == "little":
         return tokens.tobytes()
+    return _pack_array(tokens, len(tokens), what=what).tobytes()
+
+
+def _pack_array(tokens: Sequence[int], count: int, *, what: str = "tokens") -> array[int]:
+    """The first ``count`` token ids as an ``array('I')`` in little-endian byte order.
+
+    The hot path of :func:`chain_keys`: a list is converted in one ``fromlist`` call (about
+    6 ns per token, the floor for Python ints; the ``array`` constructor and ``struct.pack``
+    are slower) without first copying the list; the tail past ``count`` is cut afterwards.
+    Only the first ``count`` ids are validated (a trailing partial block never matters).
+
+    Raises:
+        UsageError: one of the first ``count`` ids is not an integer in 0..2**32-1.
+    """
     packed = array("I")
     try:
-        # fromlist() converts a list about 1.5x faster than the array constructor.
-        packed.fromlist(tokens if isinstance(tokens, list) else list(tokens))
+        try:
+            packed.fromlist(tokens if isinstance(tokens, list) else list(tokens))
+        except (OverflowError, TypeError):
+            if count == len(tokens):
+                raise
+            # The bad id may sit in the ignored tail: convert exactly the keyed part.
+            packed = array("I")
+            packed.fromlist(list(tokens[:count]))
     except (OverflowError, TypeError):
         bad = next(
-            (t for t in tokens if isinstance(t, bool) or not isinstance(t, int)
+            (t for t in tokens[:count] if isinstance(t, bool) or not isinstance(t, int)
              or not 0 <= t <= MAX_TOKEN_ID),
             None,
         )
@@ -89,9 +110,11 @@ def pack_tokens(tokens: Sequence[int], *, what: str = "tokens") -> bytes:
             f"{what}: token id {bad!r} is not an integer in 0..{MAX_TOKEN_ID}",
             "token ids are non-negative vocabulary indices",
         ) from None
+    if len(packed) > count:
+        del packed[count:]
     if sys.byteorder == "big":  # pragma: no cover - little-endian hosts only here
         packed.byteswap()
-    return packed.tobytes()
+    return packed
 
 
 def chain_keys(
@@ -111,10 +134,14 @@ def chain_keys(
     full = len(tokens) // block_size * block_size
     if full == 0:
         return []
-    data = pack_tokens(tokens[:full])
-    # struct.iter_unpack cuts the blocks in C, and a comprehension carrying the previous key
-    # in a walrus runs the chain with the least interpreter work per block; sha256 and
-    # blake2b call the hashlib constructors inline to save a function call per block.
+    if isinstance(tokens, array) and tokens.typecode == "I" and sys.byteorder == "little":
+        data: array[int] | memoryview = memoryview(tokens)[:full]  # already packed: no copy
+    else:
+        data = _pack_array(tokens, full)
+    # struct.iter_unpack cuts the blocks in C straight from the packed buffer (no copy of the
+    # whole prompt), and a comprehension carrying the previous key in a walrus runs the chain
+    # with the least interpreter work per block; sha256 and blake2b call the hashlib
+    # constructors inline to save a function call per block.
     blocks = struct.iter_unpack(f"{block_size * 4}s", data)
     prev = bytes(seed)
     if hash_name == "sha256":
