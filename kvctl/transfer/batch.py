@@ -99,6 +99,8 @@ class BatchResult:
         completed / failed / timed_out: counts by final state.
         bytes_moved: sum of the lengths of completed requests.
         first_cause: cause of the first failed or timed-out request, if any.
+        retries: slices (frames) retried on another path after a failure, over the whole
+            batch; a batch that completed with retries > 0 hit a broken path.
     """
 
     total: int
@@ -107,6 +109,7 @@ class BatchResult:
     timed_out: int
     bytes_moved: int
     first_cause: str | None
+    retries: int = 0
 
     @property
     def ok(self) -> bool:
@@ -155,6 +158,7 @@ class Batch:
         self._groups: dict[int, _Group] = {}
         self._next_group = 0
         self._holds = 0  # completion callbacks (notifications) still running
+        self._retries = 0
         self.freed = False
         #: Causes of notifications that could not be delivered, in order.
         self.notify_errors: list[str] = []
@@ -171,6 +175,16 @@ class Batch:
     def pending(self) -> int:
         """Requests not settled yet."""
         return self._pending
+
+    @property
+    def retries(self) -> int:
+        """Slices (frames) retried on another path so far."""
+        return self._retries
+
+    def add_retries(self, count: int) -> None:
+        """Transport side: ``count`` slices (frames) of this batch are being retried."""
+        with self._lock:
+            self._retries += count
 
     # -- engine side ------------------------------------------------------------------
 
@@ -298,7 +312,8 @@ class Batch:
                     timed_out += 1
                 if first is None:
                     first = self._cause[i]
-        return BatchResult(self._count, completed, failed, timed_out, moved, first)
+        return BatchResult(self._count, completed, failed, timed_out, moved, first,
+                           self._retries)
 
     def statuses(self) -> list[RequestStatus]:
         """Per-request status, in submission order."""

@@ -517,6 +517,26 @@ class TransferEngine:
             UsageError: bad length, full or freed batch, oversized notification.
             TransportUnavailableError: a target cannot be reached with the chosen transport.
         """
+        self._submit(batch, requests, notify, waiting=False)
+
+    def run(self, batch: Batch, requests: Sequence[TransferRequest], *,
+            timeout_s: float | None = None, notify: bytes | None = None) -> BatchResult:
+        """:meth:`submit` then :meth:`wait`, for a caller that blocks anyway: transports may
+        move the requests in the calling thread. Small tcp submissions (up to
+        ``inline_bytes``, one frame per path) are sent and answered here on spare
+        connections, and shm copies run here: no hand-off to a worker thread, which on a
+        4 KiB read costs about as much as the round trip itself. Failures and statuses are
+        exactly those of ``submit``; a connection that breaks is retried on the worker
+        paths.
+
+        Raises:
+            the errors of :meth:`submit` and :meth:`wait`.
+        """
+        self._submit(batch, requests, notify, waiting=True)
+        return batch.wait(timeout_s)
+
+    def _submit(self, batch: Batch, requests: Sequence[TransferRequest],
+                notify: bytes | None, *, waiting: bool) -> None:
         self._check_open()
         if batch._owner is not self:
             raise UsageError("batch belongs to another engine", "allocate it from this engine")
@@ -545,7 +565,11 @@ class TransferEngine:
                     seg.release(count)
                 raise
             for (tname, _, op), (remote, items) in groups.items():
-                self._transports[tname].execute(batch, op, remote, items)
+                transport = self._transports[tname]
+                if waiting:
+                    transport.execute_waiting(batch, op, remote, items)
+                else:
+                    transport.execute(batch, op, remote, items)
 
     def _plan(self, start: int, requests: Sequence[TransferRequest]) -> _Plan | None:
         """Validate requests and group them per (transport, target, op); the hot path."""
@@ -645,8 +669,7 @@ class TransferEngine:
             TransferTimeoutError: ``timeout_s`` passed before the batch settled.
         """
         batch = self.allocate_batch(max(1, len(requests)))
-        self.submit(batch, requests, notify=notify)
-        result = self.wait(batch, timeout_s)
+        result = self.run(batch, requests, timeout_s=timeout_s, notify=notify)
         self.free_batch(batch)
         if not result.ok:
             raise TransferFailedError(

@@ -178,7 +178,8 @@ class KvctlDriver(EngineDriver):
             _log.warning("batch %s: %d failed, %d timed out: %s", op.value, result.failed,
                          result.timed_out, result.first_cause)
         engine.free_batch(batch)
-        return BatchOutcome(errors=result.failed + result.timed_out, retries=None, path=path)
+        return BatchOutcome(errors=result.failed + result.timed_out, retries=result.retries,
+                            path=path)
 
     def _engine_for(self, transport: str) -> Any:
         if self._engine is None or self._engine_transport != transport:

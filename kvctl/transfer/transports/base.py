@@ -47,6 +47,12 @@ class Transport(abc.ABC):
     def execute(self, batch: Batch, op: OpCode, target: RemoteSegment, items: list[Item]) -> None:
         """Start moving ``items``; settle each slice on ``batch`` when done (may return early)."""
 
+    def execute_waiting(self, batch: Batch, op: OpCode, target: RemoteSegment,
+                        items: list[Item]) -> None:
+        """Like :meth:`execute` for a caller that waits for ``batch`` right after: a
+        transport may move the items in the calling thread (no hand-off to a worker)."""
+        self.execute(batch, op, target, items)
+
     def forget(self, target: RemoteSegment) -> None:  # noqa: B027 - optional hook
         """Drop cached state for ``target`` (its descriptor changed or it went away)."""
 

@@ -3,7 +3,8 @@
 The initiator maps the target's ``/dev/shm`` file (or opens its disk file) once per target
 and copies with memoryview slice assignment (a ``memcpy``) or positional I/O. The target's
 CPU takes no part: no frame, no thread, no syscall on its side. Copies run on one worker
-thread per engine, so ``submit`` returns at once.
+thread per engine, so ``submit`` returns at once; ``TransferEngine.run`` (submit and wait)
+copies in the calling thread.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ class ShmTransport(Transport):
     def execute(self, batch: Batch, op: OpCode, target: RemoteSegment, items: list[Item]) -> None:
         self._jobs.put((batch, op, target, items))
 
+    def execute_waiting(self, batch: Batch, op: OpCode, target: RemoteSegment,
+                        items: list[Item]) -> None:
+        self._copy((batch, op, target, items))  # the caller waits anyway: copy here
+
     def _mapped(self, target: RemoteSegment) -> list[LocalBuffer]:
         with target.lock:
             maps: list[LocalBuffer] | None = target.cache.get("shm")
@@ -62,22 +67,25 @@ class ShmTransport(Transport):
             job = self._jobs.get()
             if job is None:
                 return
-            batch, op, target, items = job
-            done = 0
-            try:
-                maps = self._mapped(target)
-                path = "shm:mmap" if maps[0].view is not None else "shm:pio"
-                for lbuf, lrel, rbuf, trel, length, count in merge_runs(items, maps):
-                    copy_run(op, lbuf, lrel, rbuf, trel, length)
-                    done += count
-                batch.settle([it[0] for it in items], path=path)
-            except (KvctlError, OSError, ValueError, BufferError) as exc:
-                cause = getattr(exc, "cause", None) or str(exc)
-                _log.warning("shm copy to %s failed: %s", target.info.name, cause)
-                if done:
-                    batch.settle([it[0] for it in items[:done]], path="shm")
-                batch.settle([it[0] for it in items[done:]], path="shm", failure=SETTLE_FAILED,
-                              cause=f"shm copy with segment {target.info.name!r} failed: {cause}")
+            self._copy(job)
+
+    def _copy(self, job: _Job) -> None:
+        batch, op, target, items = job
+        done = 0
+        try:
+            maps = self._mapped(target)
+            path = "shm:mmap" if maps[0].view is not None else "shm:pio"
+            for lbuf, lrel, rbuf, trel, length, count in merge_runs(items, maps):
+                copy_run(op, lbuf, lrel, rbuf, trel, length)
+                done += count
+            batch.settle([it[0] for it in items], path=path)
+        except (KvctlError, OSError, ValueError, BufferError) as exc:
+            cause = getattr(exc, "cause", None) or str(exc)
+            _log.warning("shm copy to %s failed: %s", target.info.name, cause)
+            if done:
+                batch.settle([it[0] for it in items[:done]], path="shm")
+            batch.settle([it[0] for it in items[done:]], path="shm", failure=SETTLE_FAILED,
+                          cause=f"shm copy with segment {target.info.name!r} failed: {cause}")
 
     def close(self) -> None:
         if self._closed:

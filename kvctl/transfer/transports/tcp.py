@@ -9,6 +9,16 @@ with ``recvmsg_into`` straight into the local memoryviews (no intermediate copie
 local buffer is a file or GPU memory). A frame that fails on a connection is retried on
 another path; repeated failures pause a path (see :mod:`kvctl.transfer.paths`).
 
+Small submissions of a caller that waits skip the workers (``TransferEngine.run`` and
+``transfer``): when a submission of at most ``inline_bytes`` needs no more frames than there
+are paths, the calling thread sends each frame on a spare connection of a different path
+(same route as the path; kept for reuse, one set per concurrent caller) and then takes the
+replies itself. A 4 KiB read costs one round trip
+and no thread hand-off (the queue and condition wake-ups of the worker design cost about as
+much as the round trip itself on loopback), and a 4 MiB read still moves as four 1 MiB
+slices on four connections at once. A spare connection that breaks hands its frame to the
+worker paths, which retry it as usual.
+
 Timeouts use ``SO_RCVTIMEO``/``SO_SNDTIMEO`` on blocking sockets (no extra ``poll`` per call):
 a stalled target turns the frame's requests into ``TIMEOUT`` and closes that connection.
 """
@@ -45,6 +55,8 @@ _log = logging.getLogger("kvctl.transfer.tcp")
 
 #: Frames smaller than this are not split further to spread a batch over paths.
 MIN_FRAME_BYTES = 524288
+#: Waited-for submissions up to this size (one frame per path) run in the calling thread.
+DEFAULT_INLINE_BYTES = 4 << 20
 _U16 = struct.Struct("<H")
 
 #: A piece of a request inside a frame: (slot, local buffer, local offset, target offset, length)
@@ -117,6 +129,12 @@ def open_connection(host: str, port: int, *, token: str | None, local_address: s
     return sock
 
 
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
 def _split_address(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -138,13 +156,16 @@ class _Path:
         self.thread = threading.Thread(target=self._run, name=f"kvctl-tcp-{index}", daemon=True)
         self.thread.start()
 
+    def open(self) -> socket.socket:
+        """A new connection over this path's route (address and local NIC)."""
+        host, port = _split_address(self.address)
+        t = self.peer.transport
+        return open_connection(host, port, token=t.token, local_address=self.local,
+                               connect_timeout_s=t.connect_timeout_s, timeout_s=t.timeout_s)
+
     def connect(self) -> socket.socket:
         if self.sock is None:
-            host, port = _split_address(self.address)
-            t = self.peer.transport
-            self.sock = open_connection(host, port, token=t.token, local_address=self.local,
-                                        connect_timeout_s=t.connect_timeout_s,
-                                        timeout_s=t.timeout_s)
+            self.sock = self.open()
         return self.sock
 
     def drop(self) -> None:
@@ -195,6 +216,10 @@ class _Peer:
         self._control: socket.socket | None = None
         self._control_lock = threading.Lock()
         self.addresses = list(addresses)
+        #: idle connections for inline frames, per path (same route as the path's own).
+        self._spare: list[list[socket.socket]] = [[] for _ in self.paths]
+        self._spare_lock = threading.Lock()
+        self._closed = False
 
     def dispatch(self, frame: _Frame, exclude: int = -1) -> None:
         self.paths[self.health.pick(exclude)].jobs.put(frame)
@@ -203,7 +228,6 @@ class _Peer:
              new: list[_Frame]) -> None:
         """Send ``new`` frames on ``path``, then take the oldest reply; on a broken
         connection every frame in flight is retried elsewhere, timed out or failed."""
-        t = self.transport
         try:
             sock = path.connect()
             while new:
@@ -212,7 +236,7 @@ class _Peer:
                 new.pop(0)
             frame, tag = inflight[0]
             try:
-                self._receive(sock, path, frame, tag)
+                self._receive(sock, path.head, frame, tag)
             except _RemoteError as exc:  # the stream is still in sync: go on
                 inflight.popleft()
                 frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
@@ -222,34 +246,89 @@ class _Peer:
             frame.batch.settle(frame.slots(), path=path.name)
             self.health.ok(path.index)
             return
-        except AuthError as exc:
+        except (OSError, FrameError, AuthError) as exc:
             path.drop()
-            for frame in self._take(inflight, new):
+            self._failed(path, self._take(inflight, new), exc)
+
+    def _failed(self, path: _Path, frames: list[_Frame],
+                exc: OSError | FrameError | AuthError) -> None:
+        """Settle or retry ``frames`` after their connection on ``path`` broke with ``exc``
+        (the caller has closed it): auth failures fail, timeouts time out, other errors
+        are retried on another path up to ``max_retries`` times (counted on the batch)."""
+        t = self.transport
+        if isinstance(exc, AuthError):
+            for frame in frames:
                 frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
                                    cause=exc.cause)
-        except (TimeoutError, BlockingIOError):
-            path.drop()
-            t.health_failed(self, path)
-            for frame in self._take(inflight, new):
+            return
+        t.health_failed(self, path)
+        if isinstance(exc, (TimeoutError, BlockingIOError)):
+            for frame in frames:
                 frame.batch.settle(
                     frame.slots(), path=path.name, failure=SETTLE_TIMEOUT,
                     cause=f"no answer from {frame.target} at {path.address} within "
                           f"{t.timeout_s:g} s (path {path.name})")
-        except (OSError, FrameError) as exc:
-            path.drop()
-            t.health_failed(self, path)
-            reason = getattr(exc, "cause", None) or getattr(exc, "strerror", None) or str(exc)
-            for frame in self._take(inflight, new):
-                if frame.attempt < t.retry.max_retries and not t.closed:
-                    frame.attempt += 1
-                    _log.info("frame to %s failed on path %s (%s); retry %d on another path",
-                              frame.target, path.name, reason, frame.attempt)
-                    self.dispatch(frame, exclude=path.index)
-                    continue
-                frame.batch.settle(
-                    frame.slots(), path=path.name, failure=SETTLE_FAILED,
-                    cause=f"transfer with {frame.target} failed after {frame.attempt + 1} "
-                          f"attempt(s); last on path {path.name}: {reason}")
+            return
+        reason = getattr(exc, "cause", None) or getattr(exc, "strerror", None) or str(exc)
+        for frame in frames:
+            if frame.attempt < t.retry.max_retries and not t.closed:
+                frame.attempt += 1
+                frame.batch.add_retries(1)
+                _log.info("frame to %s failed on path %s (%s); retry %d on another path",
+                          frame.target, path.name, reason, frame.attempt)
+                self.dispatch(frame, exclude=path.index)
+                continue
+            frame.batch.settle(
+                frame.slots(), path=path.name, failure=SETTLE_FAILED,
+                cause=f"transfer with {frame.target} failed after {frame.attempt + 1} "
+                      f"attempt(s); last on path {path.name}: {reason}")
+
+    def run_inline(self, frames: list[_Frame]) -> None:
+        """Move ``frames`` in the calling thread, each on a spare connection of another
+        path: send them all, then take the replies in order and settle. No worker thread is
+        involved unless a connection breaks (its frame is then retried on the worker paths).
+        """
+        started: list[tuple[_Frame, _Path, socket.socket, int]] = []
+        for frame in frames:
+            index = self.health.pick()
+            path = self.paths[index]
+            with self._spare_lock:
+                spare = self._spare[index]
+                sock = spare.pop() if spare else None
+            try:
+                if sock is None:
+                    sock = path.open()
+                started.append((frame, path, sock, self._send(sock, path, frame)))
+            except (OSError, FrameError, AuthError) as exc:
+                if sock is not None:
+                    _close(sock)
+                self._failed(path, [frame], exc)
+        head = bytearray(p.HEADER.size)
+        for frame, path, sock, tag in started:
+            try:
+                self._receive(sock, head, frame, tag)
+            except _RemoteError as exc:  # the stream is still in sync: keep the connection
+                self._keep(path.index, sock)
+                frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
+                                   cause=exc.cause)
+                continue
+            except (OSError, FrameError, AuthError) as exc:
+                _close(sock)
+                self._failed(path, [frame], exc)
+                continue
+            self._keep(path.index, sock)
+            self.health.ok(path.index)
+            frame.batch.settle(frame.slots(), path=path.name)
+
+    def _keep(self, index: int, sock: socket.socket) -> None:
+        """Return a spare connection for reuse (at most ``connections_per_peer`` idle per
+        path; more, or after close, are closed)."""
+        with self._spare_lock:
+            spare = self._spare[index]
+            if not self._closed and len(spare) < self.transport.connections_per_peer:
+                spare.append(sock)
+                return
+        _close(sock)
 
     @staticmethod
     def _take(inflight: collections.deque[tuple[_Frame, int]], new: list[_Frame]
@@ -266,9 +345,9 @@ class _Peer:
         body = b"".join([pack(seg_id, toff, length) for _, _, _, toff, length in frame.pieces])
         return tag, p.HEADER.pack(ftype, 0, 0, tag, len(frame.pieces), payload) + body
 
-    def _response(self, sock: socket.socket, path: _Path, tag: int) -> int:
-        recv_exact_into(sock, memoryview(path.head))
-        ftype, status, _, rtag, index, payload = p.HEADER.unpack(path.head)
+    def _response(self, sock: socket.socket, head: bytearray, tag: int) -> int:
+        recv_exact_into(sock, memoryview(head))
+        ftype, status, _, rtag, index, payload = p.HEADER.unpack(head)
         if ftype != p.FrameType.RESP or rtag != tag:
             raise FrameError(f"unexpected reply (type {ftype}, tag {rtag}, expected {tag})",
                              "the connection is out of sync; it is reopened")
@@ -302,9 +381,10 @@ class _Peer:
         send_views(sock, views)
         return tag
 
-    def _receive(self, sock: socket.socket, path: _Path, frame: _Frame, tag: int) -> None:
-        """Take the reply of one frame; a READ's data lands straight in the local buffers."""
-        payload = self._response(sock, path, tag)
+    def _receive(self, sock: socket.socket, head: bytearray, frame: _Frame, tag: int) -> None:
+        """Take the reply of one frame (its header lands in ``head``, a buffer of the
+        connection's reader); a READ's data lands straight in the local buffers."""
+        payload = self._response(sock, head, tag)
         if frame.op is not OpCode.READ:
             return
         expected = sum(piece[4] for piece in frame.pieces)
@@ -361,6 +441,13 @@ class _Peer:
             sock.close()
 
     def close(self) -> None:
+        with self._spare_lock:
+            self._closed = True
+            spares = [sock for spare in self._spare for sock in spare]
+            for spare in self._spare:
+                spare.clear()
+        for spare_sock in spares:
+            _close(spare_sock)
         for path in self.paths:
             path.jobs.put(None)
             sock = path.sock
@@ -394,6 +481,10 @@ class TcpTransport(Transport):
         timeout_s: a frame with no progress for this long fails with TIMEOUT.
         connect_timeout_s: limit for TCP connect and handshake (at most ``timeout_s``).
         window: frames a path sends back to back before reading their replies (pipelining).
+        inline_bytes: a waited-for submission (``execute_waiting``) of at most this many
+            bytes and at most one frame per path runs in the calling thread on spare
+            connections (0 turns this off:
+            every frame goes through the worker paths).
     """
 
     name = "tcp"
@@ -401,7 +492,8 @@ class TcpTransport(Transport):
     def __init__(self, *, token: str | None = None, connections_per_peer: int = 4,
                  local_addresses: Sequence[str] = (), slice_bytes: int = 1 << 20,
                  retry: RetryPolicy | None = None, timeout_s: float = 30.0,
-                 connect_timeout_s: float = 5.0, window: int = 4) -> None:
+                 connect_timeout_s: float = 5.0, window: int = 4,
+                 inline_bytes: int = DEFAULT_INLINE_BYTES) -> None:
         self.token = token
         self.connections_per_peer = max(1, connections_per_peer)
         self.local_addresses = list(local_addresses)
@@ -410,6 +502,7 @@ class TcpTransport(Transport):
         self.timeout_s = timeout_s
         self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.window = max(1, window)
+        self.inline_bytes = max(0, inline_bytes)
         self._peers: dict[tuple[str, ...], _Peer] = {}
         self._lock = threading.Lock()
         self.closed = False
@@ -438,6 +531,23 @@ class TcpTransport(Transport):
 
     def execute(self, batch: Batch, op: OpCode, target: RemoteSegment, items: list[Item]) -> None:
         peer = self._peer(target.info)
+        for frame in self._frames(peer, batch, op, target, items)[0]:
+            peer.dispatch(frame)
+
+    def execute_waiting(self, batch: Batch, op: OpCode, target: RemoteSegment,
+                        items: list[Item]) -> None:
+        peer = self._peer(target.info)
+        frames, total = self._frames(peer, batch, op, target, items)
+        if total <= self.inline_bytes and len(frames) <= len(peer.paths):
+            peer.run_inline(frames)  # small: this thread sends and takes the replies
+            return
+        for frame in frames:
+            peer.dispatch(frame)
+
+    def _frames(self, peer: _Peer, batch: Batch, op: OpCode, target: RemoteSegment,
+                items: list[Item]) -> tuple[list[_Frame], int]:
+        """Cut a submission into frames (slices over ``slice_bytes``, small requests
+        coalesced, about one frame per path); also returns its total bytes."""
         slice_bytes = self.slice_bytes
         pieces: list[_Piece] = []
         total = 0
@@ -451,16 +561,18 @@ class TcpTransport(Transport):
         # Spread the submission over the paths: about one frame per path, within limits.
         budget = min(slice_bytes, max(MIN_FRAME_BYTES, -(-total // len(peer.paths))))
         name, seg_id = target.info.name, target.info.seg_id
+        frames: list[_Frame] = []
         frame: list[_Piece] = []
         size = 0
         for piece in pieces:
             if frame and (size + piece[4] > budget or len(frame) >= p.MAX_ENTRIES):
-                peer.dispatch(_Frame(batch, op, name, seg_id, frame))
+                frames.append(_Frame(batch, op, name, seg_id, frame))
                 frame, size = [], 0
             frame.append(piece)
             size += piece[4]
         if frame:
-            peer.dispatch(_Frame(batch, op, name, seg_id, frame))
+            frames.append(_Frame(batch, op, name, seg_id, frame))
+        return frames, total
 
     def notify(self, info: SegmentInfo, sender: str, message: bytes) -> None:
         """Deliver ``message`` to the engine serving ``info`` (waits for its acknowledgement).

@@ -1,0 +1,131 @@
+"""``TransferEngine.run``: small tcp submissions move in the calling thread; retries counted."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from kvctl.transfer import OpCode, TransferEngine, TransferRequest, TransferState
+from kvctl.transfer.transports.tcp import TcpTransport
+from tests.transfer._helpers import FaultyProxy, memory_url, pattern
+
+SIZE = 1 << 20
+
+
+@pytest.fixture
+def url() -> str:
+    return memory_url()
+
+
+@pytest.fixture
+def target(url: str) -> Iterator[TransferEngine]:
+    with TransferEngine("target", url) as engine:
+        engine.register_segment("remote", 8 * SIZE)
+        yield engine
+
+
+def _worker_sockets(engine: TransferEngine) -> int:
+    """Connections the tcp transport's worker paths have opened."""
+    tcp: TcpTransport = engine._tcp
+    return sum(path.sock is not None for peer in tcp._peers.values() for path in peer.paths)
+
+
+def test_small_batch_runs_in_the_calling_thread(target: TransferEngine, url: str) -> None:
+    with TransferEngine("i", url, transport="tcp") as ini:
+        ini.register_segment("local", 8 * SIZE)
+        local = ini.local_view("local")
+        local[:65536] = pattern(1, 0, 0, 65536)
+        batch = ini.allocate_batch(16)
+        result = ini.run(batch, [TransferRequest(OpCode.WRITE, "local", i * 4096, "remote",
+                                                 i * 4096, 4096) for i in range(16)],
+                         timeout_s=10)
+        assert result.ok
+        assert result.bytes_moved == 65536
+        assert result.retries == 0
+        assert bytes(target.local_view("remote")[:65536]) == pattern(1, 0, 0, 65536)
+        ini.free_batch(batch)
+        back = ini.allocate_batch(1)
+        assert ini.run(back, [TransferRequest(OpCode.READ, "local", SIZE, "remote", 0, 65536)],
+                       timeout_s=10).ok
+        assert bytes(local[SIZE:SIZE + 65536]) == pattern(1, 0, 0, 65536)
+        assert _worker_sockets(ini) == 0  # no worker path was needed
+        # A 4 MiB request is sliced and spread over the spare connections of 4 paths.
+        local[:4 * SIZE] = pattern(2, 0, 0, 4 * SIZE)
+        big = ini.allocate_batch(1)
+        assert ini.run(big, [TransferRequest(OpCode.WRITE, "local", 0, "remote", 0, 4 * SIZE)],
+                       timeout_s=10).ok
+        (status,) = ini.status(big)
+        assert len(status.path.split(",")) == 4
+        assert bytes(target.local_view("remote")[:4 * SIZE]) == pattern(2, 0, 0, 4 * SIZE)
+        assert _worker_sockets(ini) == 0
+
+
+def test_large_batch_and_submit_still_use_the_workers(target: TransferEngine, url: str) -> None:
+    with TransferEngine("i", url, transport="tcp") as ini:
+        ini.register_segment("local", 8 * SIZE)
+        ini.local_view("local")[:] = pattern(3, 0, 0, 8 * SIZE)
+        batch = ini.allocate_batch(8)
+        result = ini.run(batch, [TransferRequest(OpCode.WRITE, "local", i * SIZE, "remote",
+                                                 i * SIZE, SIZE) for i in range(8)],
+                         timeout_s=20)  # 8 MiB: over the inline limit
+        assert result.ok
+        assert bytes(target.local_view("remote")) == pattern(3, 0, 0, 8 * SIZE)
+        assert _worker_sockets(ini) > 0
+        small = ini.allocate_batch(1)  # submit returns at once: the workers move it
+        ini.submit(small, [TransferRequest(OpCode.READ, "local", 0, "remote", 0, 64)])
+        assert ini.wait(small, 10).ok
+
+
+def test_concurrent_callers_get_their_own_connections(target: TransferEngine,
+                                                      url: str) -> None:
+    with TransferEngine("i", url, transport="tcp") as ini:
+        ini.register_segment("local", 8 * SIZE)
+        target.local_view("remote")[:8 * SIZE] = pattern(4, 0, 0, 8 * SIZE)
+        errors: list[str] = []
+
+        def reader(k: int) -> None:
+            for _ in range(50):
+                off = k * SIZE
+                res = ini.transfer([TransferRequest(OpCode.READ, "local", off, "remote", off,
+                                                    SIZE)], timeout_s=20)
+                if not res.ok:
+                    errors.append(str(res.first_cause))
+        threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert bytes(ini.local_view("local")[:4 * SIZE]) == pattern(4, 0, 0, 8 * SIZE)[:4 * SIZE]
+
+
+@pytest.mark.parametrize("mode", ["run", "submit"])
+def test_retries_are_counted_on_the_batch(url: str, mode: str) -> None:
+    proxy = FaultyProxy(cut_after=300_000)  # cuts the first connection mid-payload
+    try:
+        with TransferEngine("t", url, advertise=[proxy.address]) as tgt:
+            tgt.register_segment("remote", SIZE)
+            host, _, port = (tgt.address or "").rpartition(":")
+            proxy.upstream = (host, int(port))
+            with TransferEngine("i", url, transport="tcp", connections_per_peer=2,
+                                slice_bytes=SIZE) as ini:
+                ini.register_segment("local", SIZE)
+                data = pattern(5, 0, 0, SIZE)
+                ini.local_view("local")[:] = data
+                batch = ini.allocate_batch(1)
+                req = [TransferRequest(OpCode.WRITE, "local", 0, "remote", 0, SIZE)]
+                if mode == "run":
+                    result = ini.run(batch, req, timeout_s=20)
+                else:
+                    ini.submit(batch, req)
+                    result = ini.wait(batch, 20)
+                assert result.ok
+                assert result.retries == 1
+                (status,) = ini.status(batch)
+                assert status.state is TransferState.COMPLETED
+                assert proxy.cuts == 1
+                assert bytes(tgt.local_view("remote")) == data
+    finally:
+        proxy.close()
