@@ -50,6 +50,10 @@ SsdPolicyOpt = Annotated[str | None, typer.Option(
 StateOpt = Annotated[str | None, typer.Option(
     "--state", show_default=False,
     help="Master state: none, a directory, or etcd://HOST:PORT (default: none).")]
+TenantOpt = Annotated[list[str] | None, typer.Option(
+    "--tenant", show_default=False,
+    help="NAME=TOKEN (repeatable): a client with TOKEN only reaches keys under NAME/ "
+    "(needs KVCTL_TOKEN, which stays the admins' and nodes').")]
 MetricsPortOpt = Annotated[int | None, typer.Option(
     "--metrics-port", show_default=False,
     help="Serve Prometheus metrics on this port of the listen host (0 = any free).")]
@@ -101,6 +105,7 @@ def serve(
     ssd_policy: SsdPolicyOpt = None,
     state: StateOpt = None,
     metrics_port: MetricsPortOpt = None,
+    tenant: TenantOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a master and one storage node in this process until SIGINT/SIGTERM.
@@ -111,7 +116,8 @@ def serve(
     """
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, listen=listen, capacity=capacity, ssd=ssd,
-                             ssd_policy=ssd_policy, state=state, metrics_port=metrics_port)
+                             ssd_policy=ssd_policy, state=state, metrics_port=metrics_port,
+                             tenants=tenant or None)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     with EmbeddedStore(settings, token=common.token, write_discovery=True) as store:
@@ -120,6 +126,7 @@ def serve(
                    "ssd": store.node.ssd.directory if store.node.ssd else None,
                    "ssd_policy": store.node.ssd_policy, "state": settings.state,
                    "auth": common.token is not None,
+                   "tenants": [t.name for t in store.server.tenants],
                    "metrics": _metrics_url(store.server)}
         if json_:
             out.emit_json("store.serve", payload)
@@ -142,15 +149,19 @@ def master(
     listen: ListenOpt = None,
     state: StateOpt = None,
     metrics_port: MetricsPortOpt = None,
+    tenant: TenantOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a store master alone (nodes join with 'kvctl store node --master').
+
+    Tenants: --tenant NAME=TOKEN (repeatable) confines a client with TOKEN to keys under
+    NAME/ (KVCTL_TOKEN stays the admins' and nodes').
 
     Example: kvctl store master --listen 127.0.0.1:50051 --state /var/lib/kvctl/master
     """
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, listen=listen, state=state,
-                             metrics_port=metrics_port)
+                             metrics_port=metrics_port, tenants=tenant or None)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     server = start_master(settings, token=common.token, cluster_id=common.cluster_id)
@@ -158,6 +169,7 @@ def master(
         if json_:
             out.emit_json("store.master", {"master": server.address, "state": settings.state,
                                            "auth": common.token is not None,
+                                           "tenants": [t.name for t in server.tenants],
                                            "metrics": _metrics_url(server)})
         else:
             out.print(Text(server.address))
@@ -395,7 +407,8 @@ def status(
     master: MasterOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Show nodes, capacity, usage, evictions and objects per tier.
+    """Show nodes, capacity, usage, evictions and objects per tier, and each node's SSD
+    state (ok, full: offload paused while DRAM keeps serving, or off).
 
     Example: kvctl store status --master 10.0.0.5:50051
     """
@@ -411,17 +424,22 @@ def status(
               f"({st.ssd_evictions} from SSD), {st.lost} lost; tiers "
               + ", ".join(f"{k} {v}" for k, v in st.tiers.items()) + f"; state {st.state}")
     table = Table(title="nodes", title_justify="left")
-    for col in ("node", "alive", "DRAM used", "objects", "SSD", "SSD used", "endpoint",
-                "heartbeat"):
+    for col in ("node", "alive", "DRAM used", "objects", "SSD", "SSD used", "SSD state",
+                "endpoint", "heartbeat"):
         table.add_column(col)
     for n in st.nodes:
         table.add_row(Text(n.node_id), "yes" if n.alive else "no",
                       f"{format_size(n.used_bytes)} / {format_size(n.capacity_bytes)}",
                       str(n.objects), n.ssd_policy,
                       f"{format_size(n.ssd_used_bytes)} / {format_size(n.ssd_capacity_bytes)}"
-                      if n.ssd_policy != "off" else "-", n.endpoint,
-                      f"{n.last_heartbeat_s:.1f} s ago")
+                      if n.ssd_policy != "off" else "-",
+                      Text(n.ssd_state, style="bold red" if n.ssd_state == "full" else ""),
+                      n.endpoint, f"{n.last_heartbeat_s:.1f} s ago")
     out.print(table)
+    for n in st.nodes:
+        if n.ssd_state == "full":
+            out.print(Text(f"node {n.node_id}: SSD tier full, offload paused, DRAM serving: "
+                           f"{n.ssd_error}", style="yellow"))
 
 
 def _plain(obj: Any) -> Any:

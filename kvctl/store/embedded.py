@@ -22,6 +22,7 @@ from kvctl.store.node import StorageNode, default_capacity_bytes
 from kvctl.store.server import MasterServer
 from kvctl.store.settings import DEFAULT_MASTER, DEFAULT_PORT, StoreSettings
 from kvctl.store.state import open_state
+from kvctl.store.tenants import check_admin_token, parse_tenants
 
 _log = logging.getLogger("kvctl.store")
 
@@ -78,9 +79,16 @@ def master_config(settings: StoreSettings) -> MasterConfig:
 
 def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str = ""
                  ) -> MasterServer:
-    """A master listening on ``settings.listen`` with the configured state backend."""
+    """A master listening on ``settings.listen`` with the configured state backend and
+    tenants.
+
+    Raises:
+        ConfigError: bad tenants (or tenants without a shared token).
+    """
     host, port = parse_listen(settings.listen, default_port=DEFAULT_PORT)
     config = master_config(settings)
+    tenants = parse_tenants(settings.tenants, source="store tenants (--tenant)")
+    check_admin_token(tenants, token)
     state = open_state(settings.state, cluster_id=cluster_id, token=token)
     try:
         core = MasterCore(config, state)
@@ -93,7 +101,8 @@ def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str 
 
         metrics = master_metrics(core)
     try:
-        server = MasterServer(core, host=host, port=port, token=token, metrics=metrics)
+        server = MasterServer(core, host=host, port=port, token=token, metrics=metrics,
+                              tenants=tenants)
     except BaseException:
         core.close()
         raise

@@ -54,5 +54,10 @@ class BadRequestError(UsageError):
     """The master refused a request as invalid (bad key, bad size, unknown node)."""
 
 
+class StoreForbiddenError(StoreError):
+    """The master refused a key outside the tenant namespace the client's token confines it
+    to (or a node-only request from a tenant)."""
+
+
 class StoreAuthError(StoreUnavailableError):
     """The master or node refused the token (or one is required and none was given)."""

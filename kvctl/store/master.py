@@ -18,6 +18,9 @@ Rules kept here (and checked by tests/store/test_master_props.py):
   that does not fit evicts what it needs.
 - A node silent for ``node_timeout_s`` is dead: its replicas are dropped, objects with
   replicas elsewhere stay readable, objects with none left are lost.
+- A node whose SSD refused a write for lack of space is marked ``full``: no offload to it
+  (write-through copies are skipped, write-back evictions just free DRAM) until a retry
+  after ``ssd_full_retry_s`` succeeds; its DRAM keeps serving.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ class MasterConfig:
         pending_ttl_s: how long an uncommitted put holds its space, seconds.
         load_timeout_s: how long a get waits for a node to load an SSD copy, seconds.
         default_replicas: copies per object when a put does not say.
+        ssd_full_retry_s: after a node's SSD reported "no space", how long offload to it
+            pauses before one more write is tried, seconds.
     """
 
     high_watermark: float = 0.95
@@ -65,6 +70,7 @@ class MasterConfig:
     pending_ttl_s: float = 30.0
     load_timeout_s: float = 5.0
     default_replicas: int = 1
+    ssd_full_retry_s: float = 5.0
 
 
 @dataclasses.dataclass
@@ -124,6 +130,22 @@ class _Node:
     ssd_lru: LruIndex[str] = dataclasses.field(default_factory=LruIndex)
     tasks: deque[p.Task] = dataclasses.field(default_factory=deque)
     inflight: dict[int, p.Task] = dataclasses.field(default_factory=dict)
+    #: the SSD refused a write for lack of space (cleared by the next successful persist).
+    ssd_full: bool = False
+    #: while ``ssd_full``: no offload before this time (then one more write is tried).
+    ssd_retry_at: float = 0.0
+    ssd_error: str = ""
+
+    def offload_paused(self, now: float) -> bool:
+        """Whether DRAM → SSD copies to this node are paused (full disk, retry not due)."""
+        return self.ssd_full and now < self.ssd_retry_at
+
+    @property
+    def ssd_state(self) -> str:
+        """``off``, ``full`` or ``ok``."""
+        if self.ssd_policy == "off":
+            return "off"
+        return "full" if self.ssd_full else "ok"
 
     def address(self) -> p.NodeAddress:
         return p.NodeAddress(self.node_id, self.segment, self.endpoint, self.host_id,
@@ -280,8 +302,10 @@ class MasterCore:
             return tasks
 
     def tick(self) -> None:
-        """Periodic housekeeping: dead nodes, expired pending puts, deferred frees."""
+        """Periodic housekeeping: dead nodes, expired pending puts, deferred frees, state
+        writes the backend could not make earlier."""
         with self._cond:
+            self.state.sync()
             now = self._clock()
             for node in list(self._nodes.values()):
                 if now - node.last_seen > self.config.node_timeout_s:
@@ -426,7 +450,7 @@ class MasterCore:
             return
         self.evictions += 1
         if node.ssd_policy == "write-back" and node.node_id not in obj.ssd and (
-                node.node_id not in obj.evicting):
+                node.node_id not in obj.evicting) and not node.offload_paused(now):
             task = self._task(node, "persist", obj, rep.offset, free_after=True)
             obj.evicting[node.node_id] = task.task_id
             return
@@ -501,7 +525,7 @@ class MasterCore:
                 for rep in obj.replicas:
                     node = self._nodes[rep.node_id]
                     node.lru.add(key, node.alloc.rounded(rep.size))
-                    if node.ssd_policy == "write-through":
+                    if node.ssd_policy == "write-through" and not node.offload_paused(now):
                         self._task(node, "persist", obj, rep.offset)
                 self.state.put_object(obj.record())
 
@@ -603,6 +627,7 @@ class MasterCore:
         if obj is not None and obj.version != task.version:
             obj = None
         if task.op == "persist":
+            self._ssd_health(node, report, now)
             if obj is None:
                 if task.free_after:  # removed while its write-back ran: free the DRAM now
                     node.alloc.free(task.offset, task.size)
@@ -652,6 +677,20 @@ class MasterCore:
                     else:
                         self.state.put_object(obj.record())
             self._cond.notify_all()
+
+    def _ssd_health(self, node: _Node, report: p.TaskReport, now: float) -> None:
+        """Track a node's SSD filling up (pause offload) and recovering."""
+        if report.full:
+            if not node.ssd_full:
+                _log.warning("node %s: SSD tier full (%s); offload paused, DRAM keeps serving",
+                             node.node_id, report.error)
+            node.ssd_full = True
+            node.ssd_retry_at = now + self.config.ssd_full_retry_s
+            node.ssd_error = report.error
+        elif report.ok and node.ssd_full:
+            _log.info("node %s: SSD tier has room again; offload resumed", node.node_id)
+            node.ssd_full = False
+            node.ssd_error = ""
 
     def _ssd_watermark(self, node: _Node, newest: str) -> None:
         over = node.ssd_lru.used_units - node.ssd_capacity_bytes
@@ -759,7 +798,8 @@ class MasterCore:
                 used_bytes=n.alloc.used_bytes, objects=len(n.lru),
                 ssd_capacity_bytes=n.ssd_capacity_bytes, ssd_used_bytes=n.ssd_lru.used_units,
                 ssd_objects=len(n.ssd_lru), ssd_policy=n.ssd_policy, endpoint=n.endpoint,
-                last_heartbeat_s=now - n.last_seen) for n in self._nodes.values()]
+                last_heartbeat_s=now - n.last_seen, ssd_state=n.ssd_state,
+                ssd_error=n.ssd_error) for n in self._nodes.values()]
             return p.StoreStatus(
                 nodes=nodes, objects=len(self._objects),
                 capacity_bytes=sum(n.capacity_bytes for n in nodes if n.alive),

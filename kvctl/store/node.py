@@ -12,6 +12,7 @@ node's thread, never on a client's put or get.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -182,10 +183,15 @@ class StorageNode:
             return p.TaskReport(task_id=task.task_id, ok=False, error=exc.cause)
         except SsdMissingError as exc:
             return p.TaskReport(task_id=task.task_id, ok=False, corrupt=True, error=exc.cause)
-        except (OSError, KvctlError) as exc:
-            text = getattr(exc, "cause", None) or str(exc)
-            _log.warning("node %s: %s of %r failed: %s", self.node_id, task.op, task.key, text)
-            return p.TaskReport(task_id=task.task_id, ok=False, error=text)
+        except OSError as exc:
+            full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            text = f"{task.op} of {task.key!r} in {ssd.directory}: {exc.strerror or exc}"
+            _log.warning("node %s: %s", self.node_id, text)
+            return p.TaskReport(task_id=task.task_id, ok=False, error=text, full=full)
+        except KvctlError as exc:
+            _log.warning("node %s: %s of %r failed: %s", self.node_id, task.op, task.key,
+                         exc.cause)
+            return p.TaskReport(task_id=task.task_id, ok=False, error=exc.cause)
         return p.TaskReport(task_id=task.task_id, ok=True)
 
     def close(self) -> None:

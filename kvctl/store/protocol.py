@@ -111,7 +111,8 @@ class GetSlot(Struct, frozen=True, tag="gs"):
 class ErrorInfo(Struct, frozen=True, tag="err"):
     """A per-item or whole-request failure.
 
-    ``code``: not_found, evicted, bad_request, too_large, unauthorized, full, version,
+    ``code``: not_found, evicted, bad_request, too_large, unauthorized, forbidden (a tenant
+    named a key outside its namespace, or asked for a node-only operation), full, version,
     unavailable, internal.
     """
 
@@ -132,6 +133,11 @@ class NodeStatus(Struct, frozen=True):
     ssd_policy: str
     endpoint: str
     last_heartbeat_s: float
+    #: ``off`` (no SSD tier), ``ok``, or ``full`` (the disk refused a write: offload to this
+    #: node's SSD is paused and retried later; DRAM keeps serving).
+    ssd_state: str = "off"
+    #: Why the SSD tier is not ``ok`` (the node's last error), else empty.
+    ssd_error: str = ""
 
 
 class StoreStatus(Struct, frozen=True):
@@ -170,12 +176,13 @@ class Task(Struct, frozen=True):
 
 class TaskReport(Struct, frozen=True):
     """Outcome of a task: ``ok``, or ``corrupt`` (the SSD copy failed its checksum), or
-    an ``error`` text."""
+    an ``error`` text; ``full`` when the SSD refused the write for lack of space."""
 
     task_id: int
     ok: bool
     corrupt: bool = False
     error: str = ""
+    full: bool = False
 
 
 # ---- requests ------------------------------------------------------------------------------
@@ -286,7 +293,10 @@ class Hello(Struct, frozen=True, tag="hello"):
 
 
 class Ok(Struct, frozen=True, tag="ok"):
-    pass
+    """Success without data. After a login, ``namespace`` is the key prefix the connection
+    is confined to (``"<tenant>/"``), empty for the shared (admin) token."""
+
+    namespace: str = ""
 
 
 class Fail(Struct, frozen=True, tag="fail"):

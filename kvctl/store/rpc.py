@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from kvctl.store.errors import (
     ProtocolError,
     StoreAuthError,
     StoreError,
+    StoreForbiddenError,
     StoreFullError,
     StoreUnavailableError,
 )
@@ -37,6 +39,8 @@ def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
         return StoreFullError(info.cause, hint)
     if info.code == "unauthorized":
         return StoreAuthError(info.cause, hint)
+    if info.code == "forbidden":
+        return StoreForbiddenError(info.cause, hint)
     if info.code in ("unavailable", "busy"):
         return StoreUnavailableError(info.cause, hint)
     if info.code == "bad_request":
@@ -48,6 +52,10 @@ def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
 
 class MasterConnection:
     """One authenticated connection to the master (not thread-safe; see :class:`MasterPool`).
+
+    Attributes:
+        namespace: key prefix the master confines this connection to (a tenant's
+            ``"<name>/"``), or ``""`` for the shared token / no token.
 
     Raises:
         StoreUnavailableError: the master cannot be reached.
@@ -70,6 +78,7 @@ class MasterConnection:
         self._sock.settimeout(timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._codec = p.Codec()
+        self.namespace = ""
         try:
             hello = self._recv()
             if not isinstance(hello, p.Hello):
@@ -88,6 +97,8 @@ class MasterConnection:
                 reply = self._recv()
                 if isinstance(reply, p.Fail):
                     raise error_from(reply.error)
+                if isinstance(reply, p.Ok):
+                    self.namespace = reply.namespace
         except BaseException:
             self._sock.close()
             raise
@@ -115,13 +126,30 @@ class MasterConnection:
         self.send(msg)
         return self._recv()
 
+    def recv(self) -> p.Reply:
+        """The reply to a request sent with :meth:`send` (split from :meth:`call` so the
+        caller can do other work, e.g. a speculative read, while the master answers)."""
+        return self._recv()
+
     def send(self, msg: msgspec.Struct) -> None:
-        """Send a request that gets no reply (commits)."""
+        """Send a request that gets no reply (commits), or whose reply :meth:`recv` takes."""
         try:
             self._sock.sendall(self._codec.encode(msg))
         except OSError as exc:
             raise StoreUnavailableError(f"cannot send to the store master at {self.address}: "
                                         f"{exc.strerror or exc}", "check the master") from exc
+
+    def stale(self) -> bool:
+        """Whether the connection is unusable before a request is sent: the master closed
+        or reset it (it restarted), or bytes wait that no request asked for. One
+        non-blocking peek, no wait."""
+        try:
+            readable, _, _ = select.select([self._sock], [], [], 0)
+        except (OSError, ValueError):
+            return True  # closed socket
+        # Nothing readable: the normal idle state. Readable with no request out: EOF (the
+        # master closed it), a reset, or stray bytes; either way not usable.
+        return bool(readable)
 
     def interrupt(self) -> None:
         """Wake a thread blocked on this connection (it then sees it closed)."""
@@ -137,7 +165,14 @@ class MasterConnection:
 class MasterPool:
     """Connections to the master shared by threads: each call borrows one.
 
-    A connection that fails is dropped (the next call opens a new one).
+    A connection that fails is dropped (the next call opens a new one), and an idle
+    connection the master has closed meanwhile (a master restart) is noticed before it is
+    used and replaced, so a client outlives a master restart on the same address without
+    a failed call.
+
+    Attributes:
+        namespace: the namespace the master confined this client's token to (see
+            :attr:`MasterConnection.namespace`).
     """
 
     def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0
@@ -148,13 +183,22 @@ class MasterPool:
         self._idle: list[MasterConnection] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._idle.append(MasterConnection(address, token=token, timeout_s=timeout_s))
+        first = MasterConnection(address, token=token, timeout_s=timeout_s)
+        self.namespace = first.namespace
+        self._idle.append(first)
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[MasterConnection]:
         """Borrow a connection for one exchange."""
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
+        conn = None
+        while conn is None:
+            with self._lock:
+                if not self._idle:
+                    break
+                conn = self._idle.pop()
+            if conn.stale():
+                conn.close()
+                conn = None
         if conn is None:
             conn = MasterConnection(self.address, token=self._token, timeout_s=self._timeout_s)
         try:

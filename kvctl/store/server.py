@@ -5,6 +5,10 @@ its lock, one ``sendmsg``): lower latency than an event loop for the few dozen l
 connections a store has (clients pool theirs, nodes hold one each). A connection that sends
 a bad frame gets an error reply; an oversized or garbled frame also ends that connection;
 every other connection keeps being served.
+
+With tenants (:mod:`kvctl.store.tenants`) each connection carries the namespace its login
+proved; every key it names is checked against it, and a key outside gets a ``forbidden``
+reply (requests without a reply, commits and releases, drop such keys and log it).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from kvctl.net.framing import ConnectionClosedError, FrameError
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterCore
+from kvctl.store.tenants import Tenant, check_admin_token, identify, outside
 
 if TYPE_CHECKING:
     from kvctl.metrics import ServerMetrics
@@ -45,12 +50,21 @@ class MasterServer:
         max_frame_bytes: largest request accepted, bytes.
         max_connections: connections served at once; more are refused with an error reply.
         metrics: where to count requests and their latency (``--metrics-port``), or ``None``.
+        tenants: tenants whose tokens confine a connection to their namespace (needs
+            ``token``, which stays the administrators' and nodes').
+
+    Raises:
+        ConfigError: tenants without a shared token, or sharing it.
+        StoreUnavailableError: the address cannot be bound.
     """
 
     def __init__(self, core: MasterCore, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
-                 max_connections: int = 512, metrics: ServerMetrics | None = None) -> None:
+                 max_connections: int = 512, metrics: ServerMetrics | None = None,
+                 tenants: tuple[Tenant, ...] = ()) -> None:
+        check_admin_token(tenants, token)
         self.core = core
+        self.tenants = tenants
         self.metrics = metrics
         #: Port of the metrics endpoint once :meth:`ServerMetrics.serve` ran, else ``None``.
         self.metrics_port: int | None = None
@@ -112,36 +126,43 @@ class MasterServer:
     def _serve(self, conn: socket.socket) -> None:
         codec = p.Codec(max_frame_bytes=self._max_frame)
         try:
-            if self._handshake(conn, codec):
-                self._loop(conn, codec)
+            namespace = self._handshake(conn, codec)
+            if namespace is not None:
+                self._loop(conn, codec, namespace)
         except (OSError, ConnectionClosedError):
             pass
+        except FrameError as exc:  # a garbled or oversized login frame: drop this client
+            _log.warning("store master: closing a connection: %s", exc.cause)
         finally:
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
 
-    def _handshake(self, conn: socket.socket, codec: p.Codec) -> bool:
+    def _handshake(self, conn: socket.socket, codec: p.Codec) -> str | None:
+        """Greet and authenticate; the connection's namespace (``""``: everything), or
+        ``None`` when the login failed."""
         nonce = auth.new_nonce() if self._token else b""
         codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=self._token is not None,
                                  nonce=nonce, max_frame_bytes=self._max_frame))
         if self._token is None:
-            return True
+            return ""
         frame = codec.frames.recv(conn)
         try:
             msg = codec.decode_request(frame.payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             msg = None
-        if isinstance(msg, p.Login) and auth.check_response(self._token, nonce,
-                                                            p.AUTH_CONTEXT, msg.answer):
-            codec.send(conn, p.Ok())
-            return True
+        namespace = None
+        if isinstance(msg, p.Login):
+            namespace = identify(self._token, self.tenants, nonce, p.AUTH_CONTEXT, msg.answer)
+        if namespace is not None:
+            codec.send(conn, p.Ok(namespace=namespace))
+            return namespace
         codec.send(conn, p.Fail(error=p.ErrorInfo(
             code="unauthorized", cause="store master refused the token",
             hint="set the same token (KVCTL_TOKEN or --token) on clients, nodes and master")))
-        return False
+        return None
 
-    def _loop(self, conn: socket.socket, codec: p.Codec) -> None:
+    def _loop(self, conn: socket.socket, codec: p.Codec, namespace: str) -> None:
         while True:
             try:
                 frame = codec.frames.recv(conn)
@@ -167,18 +188,52 @@ class MasterServer:
                 continue
             started = time.perf_counter()
             try:
-                reply = self._dispatch(msg)
+                reply = self._scoped(msg, namespace)
             except Exception:  # noqa: BLE001 - a bug in one request must not stop the master
                 _log.exception("master failed on %s", type(msg).__name__)
                 reply = p.Fail(error=p.ErrorInfo(code="internal", cause=f"master failed on "
                                                  f"{type(msg).__name__}",
                                                  hint="see the master's log"))
+                if isinstance(msg, p.Commit | p.Release):
+                    reply = None  # these never get a reply: one now would shift every later one
             if self.metrics is not None:
                 outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
                 self.metrics.record(type(msg).__name__.lower(), time.perf_counter() - started,
                                     outcome, bytes_in=len(frame.payload))
             if reply is not None:
                 codec.send(conn, reply)
+
+    def _scoped(self, msg: p.Request, namespace: str) -> p.Reply | None:
+        """Dispatch ``msg`` if every key it names is inside ``namespace``."""
+        if not namespace:
+            return self._dispatch(msg)
+        if isinstance(msg, p.RegisterNode | p.Heartbeat):
+            return _forbidden(f"tenant {namespace[:-1]!r} cannot act as a storage node")
+        if isinstance(msg, p.Commit | p.Release):
+            inside = [i for i, k in enumerate(msg.keys) if k.startswith(namespace)]
+            if len(inside) != len(msg.keys):
+                _log.warning("tenant %r sent %s for keys outside its namespace; ignored",
+                             namespace[:-1], type(msg).__name__.lower())
+                msg = msgspec.structs.replace(
+                    msg, keys=[msg.keys[i] for i in inside],
+                    versions=[msg.versions[i] for i in inside if i < len(msg.versions)])
+            return self._dispatch(msg)
+        keys: list[str] = []
+        if isinstance(msg, p.Get):
+            keys = [*msg.keys, *msg.release_keys]
+        elif isinstance(msg, p.Put):
+            keys = [item.key for item in msg.items]
+        elif isinstance(msg, p.Exists | p.Remove):
+            keys = msg.keys
+        elif isinstance(msg, p.ListKeys):
+            keys = [msg.prefix]
+        elif isinstance(msg, p.Stat | p.Pin):
+            keys = [msg.key]
+        bad = outside(namespace, keys)
+        if bad is not None:
+            return _forbidden(f"key {bad!r} is outside tenant {namespace[:-1]!r}'s namespace "
+                              f"{namespace!r}")
+        return self._dispatch(msg)
 
     def _dispatch(self, msg: p.Request) -> p.Reply | None:
         core = self.core
@@ -246,6 +301,12 @@ class MasterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _forbidden(cause: str) -> p.Fail:
+    return p.Fail(error=p.ErrorInfo(code="forbidden", cause=cause,
+                                    hint="a tenant's token reaches only keys under its own "
+                                    "'<tenant>/' prefix; use the shared token to administer"))
 
 
 def _too_many(n: int) -> p.Fail:

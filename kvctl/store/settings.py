@@ -39,6 +39,8 @@ class StoreSettings:
         node_timeout: seconds of heartbeat silence after which a node is dead.
         metrics_port: serve the master's Prometheus metrics on this port of the listen host
             (0: any free port); unset serves none.
+        tenants: ``NAME=TOKEN`` pairs; a client logging in with a tenant's token is confined
+            to keys under ``NAME/`` (needs the shared ``KVCTL_TOKEN``; never printed).
     """
 
     master: str = ""
@@ -57,3 +59,4 @@ class StoreSettings:
     lease_ttl: float = dataclasses.field(default=2.0, metadata={"unit": "duration"})
     node_timeout: float = dataclasses.field(default=3.0, metadata={"unit": "duration"})
     metrics_port: int | None = None
+    tenants: tuple[str, ...] = dataclasses.field(default=(), metadata={"secret": True})

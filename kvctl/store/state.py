@@ -8,7 +8,9 @@
   cache tolerates. A torn last record is detected and ignored.
 - ``etcd://HOST:PORT`` (or any :func:`~kvctl.transfer.metadata.open_metadata` URL):
   :class:`MetadataState` writes one key per object under ``kvctl/store/``, so a standby
-  master on another host can load them and take over.
+  master on another host can load them and take over. While the service is unreachable
+  (an etcd restart) changes are kept in order in memory and written when it answers again
+  (the master keeps serving meanwhile; a master killed during the outage loses them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import abc
 import logging
 import os
 import struct
+import time
 from pathlib import Path
 
 import msgspec
@@ -94,6 +97,9 @@ class StateBackend(abc.ABC):
     @abc.abstractmethod
     def delete_node(self, node_id: str) -> None:
         """Forget a node."""
+
+    def sync(self) -> None:  # noqa: B027 - optional hook
+        """Write what could not be written earlier (called periodically by the master)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release files or connections. Safe to call twice."""
@@ -239,15 +245,64 @@ class MetadataState(StateBackend):
     Keys: ``kvctl/[cluster/]store/objects/<key>`` and ``.../store/nodes/<node_id>``, values
     msgpack records. Each change is one request to the service, on the master's lock: the
     price of a master that can be replaced by a standby.
+
+    A change the service cannot take (it is restarting, unreachable) is kept as the latest
+    value of its key, in order, and written by the next change or :meth:`sync` once the
+    service answers; until then each change costs one quick failed attempt at most per
+    second. ``backlog`` counts the keys waiting.
     """
 
-    def __init__(self, url: str, *, cluster_id: str = "", token: str | None = None) -> None:
+    #: Seconds between attempts to reach the service while changes are waiting.
+    RETRY_S = 1.0
+
+    def __init__(self, url: str, *, cluster_id: str = "", token: str | None = None,
+                 timeout_s: float = 2.0) -> None:
         from kvctl.transfer.metadata import key_prefix, open_metadata
 
         self.description = f"metadata {url}"
-        self._client = open_metadata(url, token=token)
+        self._client = open_metadata(url, token=token, timeout_s=timeout_s)
         self._prefix = key_prefix(cluster_id) + "store/"
         self._encoder = msgspec.msgpack.Encoder()
+        #: full key -> value to write (``None``: delete), oldest first.
+        self._waiting: dict[str, bytes | None] = {}
+        self._retry_at = 0.0
+
+    @property
+    def backlog(self) -> int:
+        """Changes not yet written to the service."""
+        return len(self._waiting)
+
+    def _change(self, key: str, value: bytes | None) -> None:
+        """Write one change, or keep it (after any older waiting ones) for later."""
+        self._waiting.pop(key, None)
+        self._waiting[key] = value
+        self._flush()
+
+    def _flush(self) -> None:
+        from kvctl.transfer.metadata import MetadataError
+
+        if not self._waiting or time.monotonic() < self._retry_at:
+            return
+        try:
+            while self._waiting:
+                key, value = next(iter(self._waiting.items()))
+                if value is None:
+                    self._client.delete(key)
+                else:
+                    self._client.put(key, value)
+                del self._waiting[key]
+        except MetadataError as exc:
+            if self._retry_at == 0.0:
+                _log.warning("master state %s: %s; keeping %d change(s) until it answers",
+                             self.description, exc.cause, len(self._waiting))
+            self._retry_at = time.monotonic() + self.RETRY_S
+            return
+        if self._retry_at:
+            _log.info("master state %s: reachable again; backlog written", self.description)
+        self._retry_at = 0.0
+
+    def sync(self) -> None:
+        self._flush()
 
     def _call(self, what: str, fn: object) -> object:
         from kvctl.transfer.metadata import MetadataError
@@ -274,22 +329,23 @@ class MetadataState(StateBackend):
         return LoadedState(objects, nodes)
 
     def put_object(self, record: ObjectRecord) -> None:
-        key, value = self._prefix + "objects/" + record.key, self._encoder.encode(record)
-        self._call("put", lambda: self._client.put(key, value))
+        self._change(self._prefix + "objects/" + record.key, self._encoder.encode(record))
 
     def delete_object(self, key: str) -> None:
-        full = self._prefix + "objects/" + key
-        self._call("delete", lambda: self._client.delete(full))
+        self._change(self._prefix + "objects/" + key, None)
 
     def put_node(self, record: NodeRecord) -> None:
-        key, value = self._prefix + "nodes/" + record.node_id, self._encoder.encode(record)
-        self._call("put", lambda: self._client.put(key, value))
+        self._change(self._prefix + "nodes/" + record.node_id, self._encoder.encode(record))
 
     def delete_node(self, node_id: str) -> None:
-        full = self._prefix + "nodes/" + node_id
-        self._call("delete", lambda: self._client.delete(full))
+        self._change(self._prefix + "nodes/" + node_id, None)
 
     def close(self) -> None:
+        self._retry_at = 0.0
+        self._flush()
+        if self._waiting:
+            _log.warning("master state %s: %d change(s) could not be written before close",
+                         self.description, len(self._waiting))
         self._client.close()
 
 
