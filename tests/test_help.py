@@ -94,8 +94,10 @@ def test_every_command_family_has_a_topic_naming_all_its_commands() -> None:
 
 def test_config_topic_names_every_section() -> None:
     text = get_topic("config").markdown
-    for section in known_sections():
-        assert f"`{section}`" in text, section
+    # Sections kvctl itself registers (tests register their own, e.g. test_config's demo).
+    for section, cls in known_sections().items():
+        if cls.__module__.startswith("kvctl."):
+            assert f"`{section}`" in text, section
 
 
 def test_topic_pages_ship_as_package_data() -> None:

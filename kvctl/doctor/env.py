@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvctl.errors import KvctlError
+from kvctl.errors import KvctlError, UsageError
 from kvctl.probe.nvml import NvmlBackend, PynvmlBackend
 from kvctl.probe.types import Unavailable
 from kvctl.probe.verbs import PyverbsBackend, VerbsBackend
@@ -160,6 +160,8 @@ def check_metadata_url(url: str, name: str = "metadata") -> ComponentStatus:
     try:
         with open_metadata(url) as client:
             entries = client.list(key_prefix())
+    except UsageError:  # a malformed URL is the operator's input, not a component's state
+        raise
     except KvctlError as exc:
         return ComponentStatus(name, Status.ERROR, f"{url}: {exc.cause}", exc.hint)
     return ComponentStatus(name, Status.OK, f"{url}: reachable, {len(entries)} kvctl key(s)")
@@ -190,11 +192,14 @@ def default_checks(metadata_urls: Sequence[str] = ()) -> list[Callable[[], Compo
 
 
 def run_checks(checks: Sequence[Callable[[], ComponentStatus]]) -> list[ComponentStatus]:
-    """Run every check; a check that raises a kvctl error is reported, not propagated."""
+    """Run every check; a check that raises a kvctl error is reported, not propagated
+    (except a :class:`UsageError`: bad input such as a malformed URL, exit 2)."""
     results: list[ComponentStatus] = []
     for check in checks:
         try:
             results.append(check())
+        except UsageError:
+            raise
         except KvctlError as exc:
             results.append(ComponentStatus(getattr(check, "__name__", "check"), Status.ERROR,
                                            exc.cause, exc.hint))

@@ -104,7 +104,9 @@ def config_from_settings(
         extra=parse_extra_fields(extra_fields),
     )
     fields.items()  # rejects duplicate extra names now, not at hashing time
-    block_size = settings.block_size or profile.default_block_size
+    # 0 is a bad size (refused by the profile), not "the default": only None is.
+    block_size = (profile.default_block_size if settings.block_size is None
+                  else settings.block_size)
     config = KeyConfig(
         profile=profile.name, block_size=block_size, fields=fields,
         pythonhashseed=env.get("PYTHONHASHSEED"), world_size=settings.world_size,

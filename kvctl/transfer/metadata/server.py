@@ -183,10 +183,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 raise _RefusedError(411, "length_required", "POST needs a Content-Length")
             return b""
-        if not length_text.strip().isdigit():
+        length_text = length_text.strip()
+        # ASCII digits only: str.isdigit() also accepts "²" and other digits int() refuses.
+        if not (length_text.isascii() and length_text.isdigit()):
             self.close_connection = True
             raise _RefusedError(400, "bad_length", "Content-Length is not a number")
-        length = int(length_text)
+        # More than 18 digits is over any limit (and past 4300, int() itself refuses).
+        length = int(length_text) if len(length_text) <= 18 else limit + 1
         if length > limit:
             self.close_connection = True  # the unread body would be parsed as a request
             raise _RefusedError(413, "too_large", f"body of {length} bytes exceeds {limit} bytes")
@@ -430,7 +433,10 @@ def _grant(store: MetadataClient, request: dict[str, Any]) -> dict[str, Any]:
     raw = request.get("ttl_s")
     if not isinstance(raw, int | float) or isinstance(raw, bool):
         raise _RefusedError(400, "bad_field", "field 'ttl_s' must be a number")
-    ttl_s = float(raw)
+    try:
+        ttl_s = float(raw)
+    except OverflowError:  # a JSON integer too large for a float
+        ttl_s = float("inf")
     if not 0 < ttl_s <= MAX_LEASE_TTL_S:
         raise _RefusedError(400, "bad_field", f"ttl_s must be in (0, {MAX_LEASE_TTL_S:.0f}]")
     return {"lease": int(store.grant_lease(ttl_s))}
