@@ -28,6 +28,7 @@ import logging
 import mmap
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from kvctl.store.errors import (
     ChecksumMismatchError,
     ObjectNotFoundError,
     ProtocolError,
+    StoreBusyError,
     StoreError,
     StoreUnavailableError,
 )
@@ -436,7 +438,26 @@ class StoreClient:
         self.put(key, view)
 
     def batch_put(self, items: Sequence[tuple[str, Buffer]]) -> list[KvctlError | None]:
-        """Store many objects in one master round trip; per item ``None`` or its error."""
+        """Store many objects in one master round trip; per item ``None`` or its error.
+
+        Items the master answers ``busy`` (room being made by write-back eviction, or
+        another put of the key in flight) are retried with backoff until ``timeout_s``.
+        """
+        out: list[KvctlError | None] = [None] * len(items)
+        todo = list(range(len(items)))
+        deadline = time.monotonic() + self.timeout_s
+        pause_s = 0.005
+        while True:
+            part = self._put_once([items[i] for i in todo])
+            for i, err in zip(todo, part, strict=True):
+                out[i] = err
+            todo = [i for i in todo if isinstance(out[i], StoreBusyError)]
+            if not todo or time.monotonic() + pause_s > deadline:
+                return out
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, 0.1)
+
+    def _put_once(self, items: Sequence[tuple[str, Buffer]]) -> list[KvctlError | None]:
         views = [memoryview(v).cast("B") for _, v in items]
         keys = [k for k, _ in items]
         wire = [self.namespace + k for k in keys]

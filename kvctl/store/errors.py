@@ -42,6 +42,11 @@ class StoreUnavailableError(UnavailableError):
     """The master or every node holding a replica cannot be reached or refused the request."""
 
 
+class StoreBusyError(StoreUnavailableError):
+    """Transient: room is being made (write-back eviction in flight) or another put of the
+    same key is in flight. :meth:`StoreClient.batch_put` retries these until its timeout."""
+
+
 class ChecksumMismatchError(StoreError):
     """Bytes read from a replica do not match the object's checksum."""
 

@@ -398,6 +398,11 @@ class MasterCore:
         if len(placed) < replicas:
             for node, offset in placed:
                 node.alloc.free(offset, item.size)
+            freeing = sum(self._freeing_bytes(n) for n in live)
+            if freeing:
+                return _err("busy", f"no room for {item.size} bytes of {item.key!r} yet: "
+                            f"{freeing} bytes are being written back to SSD to make room",
+                            "retry shortly (StoreClient retries until its timeout)")
             return _err("full", f"no room for {item.size} bytes of {item.key!r} on "
                         f"{replicas} node(s) (everything left is leased, pinned or pending)",
                         "add capacity, unpin objects, or retry when leases expire")
@@ -408,6 +413,11 @@ class MasterCore:
         touched.update(n.node_id for n, _ in placed)
         return p.PutSlot(key=item.key, version=obj.version, locations=[
             p.Location(n.node_id, n.segment, off, item.size) for n, off in placed])
+
+    def _freeing_bytes(self, node: _Node) -> int:
+        """Bytes of DRAM replicas on ``node`` whose write-back persist will free them."""
+        return sum(r.size for obj in self._objects.values() if node.node_id in obj.evicting
+                   for r in obj.replicas if r.node_id == node.node_id)
 
     def _allocate(self, node: _Node, size: int, now: float) -> int | None:
         offset = node.alloc.allocate(size)
@@ -586,6 +596,11 @@ class MasterCore:
             task_id = obj.loading.get(nid)
             if task_id is None:
                 offset = self._allocate(node, obj.size, now)
+                # Write-back evictions in flight free DRAM once their persist lands: wait
+                # for them (the condition releases the lock) rather than fail the get.
+                while offset is None and self._freeing_bytes(node) and self._clock() < deadline:
+                    self._cond.wait(timeout=min(0.05, max(0.0, deadline - self._clock())))
+                    offset = self._allocate(node, obj.size, self._clock())
                 if offset is None:
                     return _err("full", f"no DRAM on {nid} to load {obj.key!r} from SSD",
                                 "add DRAM capacity or unpin objects")

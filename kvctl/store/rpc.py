@@ -20,6 +20,7 @@ from kvctl.store.errors import (
     ObjectNotFoundError,
     ProtocolError,
     StoreAuthError,
+    StoreBusyError,
     StoreError,
     StoreForbiddenError,
     StoreFullError,
@@ -41,7 +42,9 @@ def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
         return StoreAuthError(info.cause, hint)
     if info.code == "forbidden":
         return StoreForbiddenError(info.cause, hint)
-    if info.code in ("unavailable", "busy"):
+    if info.code == "busy":
+        return StoreBusyError(info.cause, hint)
+    if info.code == "unavailable":
         return StoreUnavailableError(info.cause, hint)
     if info.code == "bad_request":
         return BadRequestError(info.cause, hint)
