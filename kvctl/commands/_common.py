@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -49,3 +54,27 @@ def global_options(ctx: typer.Context) -> GlobalOptions:
     if isinstance(obj, GlobalOptions):
         return obj
     return GlobalOptions()
+
+
+@contextmanager
+def stop_on_signal() -> Iterator[threading.Event]:
+    """SIGINT and SIGTERM set the yielded event until the block ends, then the previous
+    handlers return. Enter it before printing an address: whoever reads it may signal at
+    once, and a signal before the handlers are in place would kill the server uncleanly."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def wait_until(stop: threading.Event) -> None:
+    """Block until ``stop`` is set (waking twice a second so signals are handled)."""
+    while not stop.wait(0.5):
+        pass

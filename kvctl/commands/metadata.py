@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import base64
-import signal
 import threading
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from kvctl.commands._common import JsonOpt, global_options
+from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.config import CommonSettings
 from kvctl.errors import NotFoundError
 from kvctl.metrics import ServerMetrics
@@ -67,24 +65,17 @@ def serve(
     server = MetadataServer(host, port, token=common.token, data_dir=settings.data_dir,
                             request_timeout_s=settings.request_timeout_s,
                             max_body_bytes=settings.max_body_bytes, metrics=metrics)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
     # Handlers go in before the URL is printed: whoever reads it may signal right away.
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if metrics is not None and settings.metrics_port is not None:
-            metrics.gauge("entries", "Live entries held by the server.", server.entry_count)
-            bound = metrics.serve(host, settings.metrics_port)
-            out.info(f"metrics on http://{host}:{bound}/metrics")
-        _serve_until(server, stop, out, settings, common, json_mode=json_)
-    finally:
-        if metrics is not None:
-            metrics.close()
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    with stop_on_signal() as stop:
+        try:
+            if metrics is not None and settings.metrics_port is not None:
+                metrics.gauge("entries", "Live entries held by the server.", server.entry_count)
+                bound = metrics.serve(host, settings.metrics_port)
+                out.info(f"metrics on http://{host}:{bound}/metrics")
+            _serve_until(server, stop, out, settings, common, json_mode=json_)
+        finally:
+            if metrics is not None:
+                metrics.close()
     out.info("metadata server stopped")
 
 
@@ -102,8 +93,7 @@ def _serve_until(server: MetadataServer, stop: threading.Event, out: Output,
             auth = "signed requests only" if common.token else "no token: anyone who can connect"
             out.info(f"metadata server up ({storage}; {auth}); use KVCTL_METADATA={server.url}; "
                      "Ctrl-C stops it")
-        while not stop.wait(0.5):
-            pass
+        wait_until(stop)
 
 
 def _describe(key: str, value: bytes) -> dict[str, Any]:

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from kvctl.commands._common import JsonOpt, global_options
+from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.config import CommonSettings
 from kvctl.transfer.admin import list_segments, lookup_segment, remove_segment
 from kvctl.transfer.engine import TransferEngine
@@ -61,7 +58,8 @@ def register(
     common = opts.settings(CommonSettings, metadata=metadata)
     out = opts.output(json_mode=json_)
     engine_name = settings.engine or f"{name}-engine"
-    with open_configured(common, opts.settings(MetadataSettings)) as client, TransferEngine(
+    with stop_on_signal() as stop, open_configured(
+        common, opts.settings(MetadataSettings)) as client, TransferEngine(
         engine_name, client, cluster_id=common.cluster_id, listen=settings.listen,
         token=common.token, lease_ttl_s=settings.lease_ttl_s,
         connections_per_peer=settings.connections, slice_bytes=settings.slice_size,
@@ -74,23 +72,8 @@ def register(
             out.print(Text(f"{info.name} {','.join(info.addresses)}"))
             out.info(f"serving {info.kind} segment {info.name} ({format_size(info.size_bytes)}) "
                      f"on {','.join(info.addresses)}; published in {client.url}; Ctrl-C stops")
-        _wait_for_signal()
+        wait_until(stop)
     out.info(f"segment {name} withdrawn")
-
-
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _row(info: SegmentInfo) -> list[str]:

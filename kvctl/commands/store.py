@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from kvctl.commands._common import JsonOpt, global_options
+from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
 from kvctl.output import Output
@@ -78,21 +75,6 @@ def _check_backend(backend: str) -> None:
         raise UsageError(f"unknown backend {backend!r}", f"use one of {', '.join(BACKENDS)}")
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 # ---------------------------------------------------------------- servers
 
 
@@ -120,7 +102,8 @@ def serve(
                              tenants=tenant or None)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
-    with EmbeddedStore(settings, token=common.token, write_discovery=True) as store:
+    with stop_on_signal() as stop, EmbeddedStore(settings, token=common.token,
+                                                 write_discovery=True) as store:
         payload = {"master": store.address, "node_id": store.node.node_id,
                    "capacity_bytes": store.node.capacity_bytes,
                    "ssd": store.node.ssd.directory if store.node.ssd else None,
@@ -139,7 +122,7 @@ def serve(
                      "Ctrl-C stops it")
             if payload["metrics"]:
                 out.info(f"metrics on {payload['metrics']}")
-        _wait_for_signal()
+        wait_until(stop)
     out.info("store stopped")
 
 
@@ -164,8 +147,8 @@ def master(
                              metrics_port=metrics_port, tenants=tenant or None)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
-    server = start_master(settings, token=common.token, cluster_id=common.cluster_id)
-    with server:
+    with stop_on_signal() as stop, start_master(settings, token=common.token,
+                                                cluster_id=common.cluster_id) as server:
         if json_:
             out.emit_json("store.master", {"master": server.address, "state": settings.state,
                                            "auth": common.token is not None,
@@ -175,7 +158,7 @@ def master(
             out.print(Text(server.address))
             out.info(f"store master up on {server.address} (state: "
                      f"{server.core.state.description}); Ctrl-C stops it")
-        _wait_for_signal()
+        wait_until(stop)
     out.info("store master stopped")
 
 
@@ -203,7 +186,8 @@ def node(
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     address = resolve_master(settings)
-    with start_node(settings, address, token=common.token) as running:
+    with stop_on_signal() as stop, start_node(settings, address,
+                                              token=common.token) as running:
         if json_:
             out.emit_json("store.node", {"master": address, "node_id": running.node_id,
                                          "endpoint": running.endpoint,
@@ -213,7 +197,7 @@ def node(
             out.print(Text(running.node_id))
             out.info(f"node {running.node_id} serving {format_size(running.capacity_bytes)} "
                      f"at {running.endpoint} for master {address}; Ctrl-C stops it")
-        _wait_for_signal()
+        wait_until(stop)
     out.info("store node stopped")
 
 

@@ -23,6 +23,7 @@ from kvctl.store.server import MasterServer
 from kvctl.store.settings import DEFAULT_MASTER, DEFAULT_PORT, StoreSettings
 from kvctl.store.state import open_state
 from kvctl.store.tenants import check_admin_token, parse_tenants
+from kvctl.transfer.admin import pid_alive
 
 _log = logging.getLogger("kvctl.store")
 
@@ -40,16 +41,6 @@ def discovery_path() -> Path:
     return runtime_dir() / "store.json"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def resolve_master(settings: StoreSettings) -> str:
     """The master address to use: the setting, else the discovery file, else the default."""
     if settings.master:
@@ -57,7 +48,7 @@ def resolve_master(settings: StoreSettings) -> str:
     path = discovery_path()
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         info = json.loads(path.read_text(encoding="utf-8"))
-        if _pid_alive(int(info["pid"])):
+        if pid_alive(int(info["pid"])):
             return str(info["master"])
     return DEFAULT_MASTER
 

@@ -66,7 +66,8 @@ class RemovedSegment:
     files_removed: tuple[str, ...]
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -92,7 +93,7 @@ def remove_segment(metadata: MetadataClient, cluster_id: str, name: str) -> Remo
         info: SegmentInfo | None = SegmentInfo.from_json(raw, source=key)
     except UsageError:
         info = None  # a corrupt entry: delete it all the same
-    if info is not None and info.host == host_id() and not _pid_alive(info.pid):
+    if info is not None and info.host == host_id() and not pid_alive(info.pid):
         for buf in info.buffers:
             path = Path(buf.path) if buf.path else None
             if (path is not None and path.parent == SHM_DIR and path.name.startswith("kvctl-")
