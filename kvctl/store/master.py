@@ -424,7 +424,10 @@ class MasterCore:
         if offset is not None:
             return offset
         need = node.alloc.rounded(size)
-        for _ in range(4):
+        # Evict least recent first until a contiguous extent fits: in a fragmented segment
+        # free bytes alone do not make room, so keep going while anything is evictable
+        # (each round evicts at least `need` bytes, so this ends).
+        while True:
             victims = node.lru.victims(max(need - node.alloc.free_bytes, need),
                                        keep=lambda k: self._keep(k, now))
             if not victims:
