@@ -42,6 +42,20 @@ class DriverPlan:
     peer: str | None = None
     metadata: str | None = None
 
+    def require_loopback_host_memory(self, engine: str) -> None:
+        """For drivers that run their own loopback target on host memory (Mooncake, NIXL).
+
+        Raises:
+            UsageError: the plan names a peer, or a buffer that is not ``cpu:N``.
+        """
+        if self.peer is not None:
+            raise UsageError(f"the {engine} driver runs its own loopback target only",
+                             f"drop --peer/--role for --engine {engine.lower()}, or use "
+                             "--engine kvctl")
+        if self.local.kind != "cpu" or self.remote.kind != "cpu":
+            raise UsageError(f"the {engine} driver benchmarks host memory (cpu:N) only",
+                             "use --local-location cpu:0 --remote-location cpu:0")
+
 
 @dataclasses.dataclass(frozen=True)
 class PathInfo:

@@ -115,12 +115,7 @@ class MooncakeDriver(EngineDriver):
         self._lists: dict[tuple[int, int, int], tuple[list[int], list[int], list[int]]] = {}
 
     def start(self, plan: DriverPlan) -> None:
-        if plan.peer is not None:
-            raise UsageError("the Mooncake driver runs its own loopback target only",
-                             "drop --peer/--role for --engine mooncake, or use --engine kvctl")
-        if plan.local.kind != "cpu" or plan.remote.kind != "cpu":
-            raise UsageError("the Mooncake driver benchmarks host memory (cpu:N) only",
-                             "use --local-location cpu:0 --remote-location cpu:0")
+        plan.require_loopback_host_memory("Mooncake")
         self._plan = plan
 
     def prepare(self, transport: str) -> PathInfo:

@@ -137,12 +137,7 @@ class NixlDriver(EngineDriver):
         self._registered: Any = None
 
     def start(self, plan: DriverPlan) -> None:
-        if plan.peer is not None:
-            raise UsageError("the NIXL driver runs its own loopback target only",
-                             "drop --peer/--role for --engine nixl, or use --engine kvctl")
-        if plan.local.kind != "cpu" or plan.remote.kind != "cpu":
-            raise UsageError("the NIXL driver benchmarks host memory (cpu:N) only",
-                             "use --local-location cpu:0 --remote-location cpu:0")
+        plan.require_loopback_host_memory("NIXL")
         self._plan = plan
 
     def prepare(self, transport: str) -> PathInfo:
