@@ -859,9 +859,11 @@ class StoreClient:
         return self.batch_exists([key])[0]
 
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
-        """Whether each key is stored."""
-        reply = self._expect(self._call(p.Exists(keys=self._wire(keys))), p.Bools)
-        return list(reply.values)
+        """Whether each key is stored (split into requests that fit the master's limits)."""
+        out: list[bool] = []
+        for chunk in _key_chunks(self._wire(keys)):
+            out.extend(self._expect(self._call(p.Exists(keys=chunk)), p.Bools).values)
+        return out
 
     def remove(self, key: str) -> bool:
         """Remove ``key``; ``True`` if it existed."""
@@ -879,8 +881,10 @@ class StoreClient:
             mine = bool(self._releases)
         if mine:
             self._flush_releases()
-        reply = self._expect(self._call(p.Remove(keys=wire)), p.Bools)
-        return list(reply.values)
+        out: list[bool] = []
+        for chunk in _key_chunks(wire):
+            out.extend(self._expect(self._call(p.Remove(keys=chunk)), p.Bools).values)
+        return out
 
     def list(self, prefix: str = "", *, limit: int = 10000) -> tuple[list[p.ObjectInfo], bool]:
         """Objects whose keys start with ``prefix`` (sorted) and whether the list was cut."""
@@ -905,3 +909,24 @@ class StoreClient:
     def status(self) -> p.StoreStatus:
         """Nodes, capacity, usage, evictions and tiers."""
         return self._expect(self._call(p.Status()), p.StatusReply).status  # type: ignore[no-any-return]
+
+
+#: Key bytes per request of a key-only batch: half a frame, leaving room for encoding.
+KEY_CHUNK_BYTES = p.DEFAULT_MAX_FRAME_BYTES // 2
+
+
+def _key_chunks(keys: list[str]) -> list[list[str]]:
+    """``keys`` cut into requests of at most MAX_BATCH keys and KEY_CHUNK_BYTES of keys."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for key in keys:
+        length = len(key.encode("utf-8", "surrogatepass"))
+        if current and (len(current) >= p.MAX_BATCH or size + length > KEY_CHUNK_BYTES):
+            chunks.append(current)
+            current, size = [], 0
+        current.append(key)
+        size += length
+    if current or not chunks:
+        chunks.append(current)
+    return chunks

@@ -64,3 +64,18 @@ def test_checksum_mismatch_fails_over_then_errors(cluster: Cluster) -> None:
         other._buffer.view[where[other.node_id] + 100] ^= 0xFF
         with pytest.raises(ChecksumMismatchError):
             c.get("k")  # never returns corrupted bytes
+
+
+def test_exists_and_remove_split_batches_above_the_master_limit(cluster: Cluster) -> None:
+    cluster.add_node("a")
+    with StoreClient(cluster.address) as c:
+        assert c.batch_put([("present", b"x")]) == [None]
+        # More keys than one request may carry, and more key bytes than one frame holds.
+        keys = [f"absent-{i:05d}-" + "k" * 1100 for i in range(p.MAX_BATCH + 10)] + ["present"]
+        found = c.batch_exists(keys)
+        assert len(found) == len(keys)
+        assert found[-1] is True
+        assert not any(found[:-1])
+        removed = c.batch_remove(keys)
+        assert removed == found
+        assert c.batch_exists(["present"]) == [False]
