@@ -50,23 +50,23 @@ def _load() -> Any:
     return MooncakeDistributedStore
 
 
-def find_master_binary() -> Path:
-    """The ``mooncake_master`` executable (PATH, then next to the Python package).
+def find_mooncake_binary(name: str) -> Path:
+    """A Mooncake executable (``mooncake_master``, ``mooncake_client``): on PATH, next to
+    this Python, then inside the installed ``mooncake`` package.
 
     Raises:
         MooncakeUnavailableError: not found.
     """
-    found = shutil.which("mooncake_master") or shutil.which(
-        "mooncake_master", path=str(Path(sys.executable).parent))
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
     if found:
         return Path(found)
     with contextlib.suppress(ImportError):
         import mooncake
 
-        candidate = Path(mooncake.__file__).parent / "mooncake_master"
+        candidate = Path(mooncake.__file__).parent / name
         if candidate.exists():
             return candidate
-    raise MooncakeUnavailableError("mooncake_master not found on PATH or in the mooncake package",
+    raise MooncakeUnavailableError(f"{name} not found on PATH or in the mooncake package",
                                    "pip install mooncake-transfer-engine-non-cuda")
 
 
@@ -89,7 +89,7 @@ class MooncakeMaster:
     def __init__(self, *, host: str = "127.0.0.1", eviction_high_watermark: float = 0.95,
                  log_path: Path | None = None, ready_timeout_s: float = 15.0,
                  storage_bytes: int = 0) -> None:
-        binary = find_master_binary()
+        binary = find_mooncake_binary("mooncake_master")
         self.host = host
         self.port = _free_port(host)
         metrics = _free_port(host)
@@ -135,25 +135,6 @@ class MooncakeMaster:
         self.close()
 
 
-def find_client_binary() -> Path:
-    """The ``mooncake_client`` executable (a standalone storage process).
-
-    Raises:
-        MooncakeUnavailableError: not found.
-    """
-    found = shutil.which("mooncake_client")
-    if found:
-        return Path(found)
-    with contextlib.suppress(ImportError):
-        import mooncake
-
-        candidate = Path(mooncake.__file__).parent / "mooncake_client"
-        if candidate.exists():
-            return candidate
-    raise MooncakeUnavailableError("mooncake_client not found on PATH or in the mooncake package",
-                                   "pip install mooncake-transfer-engine-non-cuda")
-
-
 def _wait_listening(proc: subprocess.Popen[bytes], host: str, port: int, what: str,
                     timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
@@ -184,7 +165,7 @@ class MooncakeStorage:
     def __init__(self, master: str, *, segment_bytes: int = 1 << 30, host: str = "127.0.0.1",
                  ready_timeout_s: float = 15.0) -> None:
         port = _free_port(host)
-        args = [str(find_client_binary()), f"--host={host}", f"--port={port}",
+        args = [str(find_mooncake_binary("mooncake_client")), f"--host={host}", f"--port={port}",
                 f"--master_server_address={master}", "--metadata_server=P2PHANDSHAKE",
                 f"--global_segment_size={segment_bytes // (1 << 20)}MB", "--protocol=tcp"]
         env = {**os.environ, "MC_TCP_BIND_ADDRESS": host}
