@@ -31,7 +31,7 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -307,6 +307,28 @@ class SegmentInfo:
                 f"metadata entry {source} is not a valid segment descriptor ({exc})",
                 "remove the stale entry with 'kvctl segment rm' and register the segment again",
             ) from None
+
+
+#: A view bytes land in, and the staging that must be copied to its buffer afterwards.
+Staged = tuple["LocalBuffer", int, memoryview]
+
+
+def landing_views(pieces: Iterable[tuple[LocalBuffer, int, int]]
+                  ) -> tuple[list[memoryview], list[Staged]]:
+    """Where received bytes land for each ``(buffer, buffer-relative offset, length)``:
+    the buffer's own memory when it is mapped (no copy), else a scratch view listed in the
+    second result, to be written with :meth:`LocalBuffer.write_from` after the receive."""
+    views: list[memoryview] = []
+    staged: list[Staged] = []
+    for buf, rel, length in pieces:
+        view = buf.view
+        if view is not None:
+            views.append(view[rel : rel + length])
+        else:
+            scratch = memoryview(bytearray(length))
+            views.append(scratch)
+            staged.append((buf, rel, scratch))
+    return views, staged
 
 
 def find_buffer(offsets: Sequence[int], lengths: Sequence[int], offset: int, length: int,

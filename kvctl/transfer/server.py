@@ -33,7 +33,7 @@ from kvctl.net.framing import (
 )
 from kvctl.transfer import protocol as p
 from kvctl.transfer.errors import OutOfRangeError
-from kvctl.transfer.segments import LocalBuffer, LocalSegment, find_buffer
+from kvctl.transfer.segments import LocalBuffer, LocalSegment, find_buffer, landing_views
 
 _log = logging.getLogger("kvctl.transfer.server")
 
@@ -306,16 +306,7 @@ class TargetServer:
                 discard(conn, payload)
                 self._reply(conn, tag, rej.status, rej.index, rej.message)
                 return
-            views: list[memoryview] = []
-            staged: list[tuple[LocalBuffer, int, memoryview]] = []
-            for buf, rel, length in targets:
-                view = buf.view
-                if view is not None:
-                    views.append(view[rel : rel + length])
-                else:
-                    scratch = memoryview(bytearray(length))
-                    views.append(scratch)
-                    staged.append((buf, rel, scratch))
+            views, staged = landing_views(targets)
             recv_into_views(conn, views)
             try:
                 for buf, rel, scratch in staged:

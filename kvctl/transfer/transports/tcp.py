@@ -48,7 +48,7 @@ from kvctl.transfer import protocol as p
 from kvctl.transfer.batch import SETTLE_FAILED, SETTLE_TIMEOUT, Batch, OpCode
 from kvctl.transfer.errors import AuthError, TransferError
 from kvctl.transfer.paths import PathHealth, RetryPolicy, slice_ranges
-from kvctl.transfer.segments import LocalBuffer, SegmentInfo
+from kvctl.transfer.segments import LocalBuffer, SegmentInfo, landing_views
 from kvctl.transfer.transports.base import Item, RemoteSegment, Transport
 
 _log = logging.getLogger("kvctl.transfer.tcp")
@@ -390,16 +390,8 @@ class _Peer:
         expected = sum(piece[4] for piece in frame.pieces)
         if payload != expected:
             raise FrameError(f"READ reply of {payload} bytes, expected {expected}", None)
-        views: list[memoryview] = []
-        staged: list[tuple[LocalBuffer, int, memoryview]] = []
-        for _, lbuf, lrel, _, length in frame.pieces:
-            view = lbuf.view
-            if view is not None:
-                views.append(view[lrel : lrel + length])
-            else:
-                scratch = memoryview(bytearray(length))
-                views.append(scratch)
-                staged.append((lbuf, lrel, scratch))
+        views, staged = landing_views(
+            (lbuf, lrel, length) for _, lbuf, lrel, _, length in frame.pieces)
         recv_into_views(sock, views)
         for lbuf, lrel, scratch in staged:
             lbuf.write_from(lrel, scratch)
