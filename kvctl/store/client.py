@@ -23,9 +23,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
-import ctypes
 import logging
-import mmap
 import secrets
 import threading
 import time
@@ -36,7 +34,6 @@ import msgspec
 
 from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
-from kvctl.store.allocator import ExtentAllocator
 from kvctl.store.checksum import checksum
 from kvctl.store.errors import (
     BadRequestError,
@@ -46,6 +43,15 @@ from kvctl.store.errors import (
     StoreBusyError,
     StoreError,
     StoreUnavailableError,
+)
+from kvctl.store.localcopy import (
+    DEFAULT_STAGING_BYTES,
+    MISMATCH,
+    PARALLEL_COPY_BYTES,
+    Copy,
+    Staging,
+    address_of,
+    copy_views,
 )
 from kvctl.store.rpc import MasterPool, error_from
 from kvctl.store.shmmap import SharedMapping
@@ -57,47 +63,7 @@ from kvctl.transfer.segments import find_buffer
 
 _log = logging.getLogger("kvctl.store.client")
 
-#: Default size of the client's staging buffer (bytes objects are copied through it).
-DEFAULT_STAGING_BYTES = 64 << 20
-
 Buffer = bytes | bytearray | memoryview
-
-
-class _Staging:
-    """A registered buffer carved into per-request ranges."""
-
-    def __init__(self, engine: TransferEngine, name: str, size_bytes: int) -> None:
-        self.name = name
-        self._mem = mmap.mmap(-1, size_bytes)
-        self.view = memoryview(self._mem)
-        engine.register_memory(name, [self._mem])
-        self._alloc = ExtentAllocator(size_bytes, alignment_bytes=4096)
-        self._cond = threading.Condition()
-
-    @property
-    def capacity_bytes(self) -> int:
-        return self._alloc.capacity_bytes
-
-    def take(self, size: int, *, wait_s: float) -> int | None:
-        """An offset for ``size`` bytes, waiting up to ``wait_s`` for others to free space;
-        ``None`` when it does not fit."""
-        with self._cond:
-            offset = self._alloc.allocate(size)
-            if offset is None and wait_s > 0:
-                self._cond.wait_for(lambda: self._alloc.largest_free_bytes >= self._alloc
-                                    .rounded(size), timeout=wait_s)
-                offset = self._alloc.allocate(size)
-            return offset
-
-    def give(self, offset: int, size: int) -> None:
-        with self._cond:
-            self._alloc.free(offset, size)
-            self._cond.notify_all()
-
-    def close(self) -> None:
-        self.view.release()
-        with contextlib.suppress(BufferError):
-            self._mem.close()
 
 
 #: Most keys whose last location a client remembers for early reads.
@@ -117,46 +83,11 @@ class _Where:
         self.segment, self.offset = segment, offset
 
 
-#: Copies of this many bytes or more use ctypes.memmove (releases the GIL).
-MEMMOVE_BYTES = 64 << 10
-#: A same-host batch of this many bytes or more is copied by two threads at once.
-PARALLEL_COPY_BYTES = 8 << 20
-MISMATCH = "checksum mismatch"
-
-#: (request index, source view, destination view) of one same-host copy
-_Copy = tuple[int, memoryview, memoryview]
-
-
-def _copy_views(copies: list[_Copy], sums: list[int] | None, out: list[str | None]) -> None:
-    """Copy each source view into its destination (same length); with ``sums``, verify
-    each destination right after its copy and record a mismatch in ``out``."""
-    for i, src, dst in copies:
-        try:
-            n = src.nbytes
-            dst_at = _address(dst) if n >= MEMMOVE_BYTES else None
-            src_at = _address(src) if dst_at is not None else None
-            if dst_at is not None and src_at is not None:
-                ctypes.memmove(dst_at, src_at, n)
-            else:
-                dst[:] = src
-        except (ValueError, TypeError, BufferError) as exc:
-            out[i] = str(exc)
-            continue
-        if sums is not None and checksum(dst) != sums[i]:
-            out[i] = MISMATCH
-
-
 class _Registered:
     __slots__ = ("address", "name", "nbytes", "obj")
 
     def __init__(self, name: str, address: int, nbytes: int, obj: Any) -> None:
         self.name, self.address, self.nbytes, self.obj = name, address, nbytes, obj
-
-
-def _address(view: memoryview) -> int | None:
-    if view.readonly or view.nbytes == 0:
-        return None
-    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 class StoreClient:
@@ -207,7 +138,7 @@ class StoreClient:
         self._copier_lock = threading.Lock()
         self._registered: list[_Registered] = []
         try:
-            self._staging = _Staging(self.engine, f"{name}.staging", staging_bytes)
+            self._staging = Staging(self.engine, f"{name}.staging", staging_bytes)
         except BaseException:
             self.engine.close()
             self._pool.close()
@@ -245,7 +176,7 @@ class StoreClient:
         """Register a writable buffer (bytearray, mmap, numpy array) for zero-copy
         :meth:`get_into`/:meth:`batch_get_into`/:meth:`put_from` on views of it."""
         view = memoryview(buffer).cast("B")
-        address = _address(view)
+        address = address_of(view)
         if address is None:
             raise BadRequestError("only writable, non-empty buffers can be registered",
                                   "pass a bytearray, mmap or numpy array")
@@ -254,7 +185,7 @@ class StoreClient:
         self._registered.append(_Registered(name, address, view.nbytes, buffer))
 
     def _find_registered(self, view: memoryview) -> tuple[str, int] | None:
-        address = _address(view)
+        address = address_of(view)
         if address is None:
             return None
         for reg in self._registered:
@@ -335,7 +266,7 @@ class StoreClient:
         out: list[str | None] = [None] * len(reqs)
         rest: list[int] = []
         read = op is OpCode.READ
-        copies: list[_Copy] = []
+        copies: list[Copy] = []
         for i, req in enumerate(reqs):
             mapped = self._inline.get(req.target_segment)
             if mapped is None:
@@ -361,7 +292,7 @@ class StoreClient:
                 out[i] = cause
         return out
 
-    def _copy_inline(self, copies: list[_Copy], sums: list[int] | None,
+    def _copy_inline(self, copies: list[Copy], sums: list[int] | None,
                      out: list[str | None]) -> None:
         """Copy ``(index, source, destination)`` views, verifying destinations against
         ``sums`` when given. Large copies use ``ctypes.memmove``, which releases the GIL, so
@@ -369,7 +300,7 @@ class StoreClient:
         (one thread copies while the other checksums)."""
         total = sum(src.nbytes for _, src, _ in copies)
         if total < PARALLEL_COPY_BYTES or len(copies) < 2:
-            _copy_views(copies, sums, out)
+            copy_views(copies, sums, out)
             return
         half, acc = 0, 0
         while half < len(copies) - 1 and acc < total // 2:
@@ -381,11 +312,11 @@ class StoreClient:
                     max_workers=1, thread_name_prefix="kvctl-store-copy")
             copier = self._copier
         try:
-            other = copier.submit(_copy_views, copies[half:], sums, out)
+            other = copier.submit(copy_views, copies[half:], sums, out)
         except RuntimeError:  # shut down by a concurrent close: copy here
-            _copy_views(copies, sums, out)
+            copy_views(copies, sums, out)
             return
-        _copy_views(copies[:half], sums, out)
+        copy_views(copies[:half], sums, out)
         other.result()
 
     def _engine_move(self, op: OpCode, reqs: list[TransferRequest]) -> list[str | None]:
