@@ -2,17 +2,17 @@
 
 Not a test: run it by hand (the numbers depend on the machine and its load)::
 
-    .venv/bin/python benchmarks/store.py                 # all systems, 4 KiB..4 MiB
-    .venv/bin/python benchmarks/store.py --quick --json out.json
+    .venv/bin/python benchmarks/store.py                 # all systems, 4 KiB..4 MiB, 3 rounds
+    .venv/bin/python benchmarks/store.py --quick --rounds 2 --json out.json
 
-Systems (every server in its own process, the client in this one):
+Systems (every server in its own process, every client in its own worker process):
 
 - ``kvctl/tcp``: ``kvctl store serve`` (master + node), client forced onto the engine's tcp.
 - ``kvctl/shm``: same server, client on the same-host shared-memory path (auto transport).
-- ``mooncake``: ``mooncake_master`` + a ``mooncake_client`` storage process, this process a
+- ``mooncake``: ``mooncake_master`` + a ``mooncake_client`` storage process, the worker a
   client contributing no memory (TCP protocol).
-- ``mooncake/local``: one ``MooncakeDistributedStore`` in this process contributing the
-  memory (Mooncake's single-process path, the reference for the shm target).
+- ``mooncake/local``: one ``MooncakeDistributedStore`` in the worker contributing the memory
+  (Mooncake's single-process path, the reference for the shm target), its own master.
 - ``redis``: ``redis-server`` (apt) with redis-py; batch = MSET/MGET.
 
 Per size: single put/get latency p50/p99 (ms) over distinct keys, and batch put/get
@@ -20,6 +20,11 @@ throughput (GB/s, decimal) for ``--batch`` keys per call using each system's zer
 API (kvctl ``batch_put``/``batch_get_into`` on registered buffers, Mooncake
 ``batch_put_from``/``batch_get_into``). Every key set is written once before timing so page
 faults of fresh memory are not measured.
+
+The machine this runs on is shared and noisy, so the systems are measured in interleaved
+rounds (per size, every system once per round, the order rotated) and each ratio is paired:
+kvctl's figure of a round against Mooncake's figure of the same round. The report gives
+the median of the per-round ratios with their range, and the median figures.
 """
 
 from __future__ import annotations
@@ -42,9 +47,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvctl.store.client import StoreClient
 from kvctl.units import parse_size_list
-
-MOONCAKE_REF = {  # p50 ms (get, put) and batch GB/s (get, put) measured by the issue author
-    4096: (0.31, 0.45), 65536: (0.31, 0.49), 1 << 20: (0.97, 1.0), 4 << 20: (3.9, 3.8)}
 
 
 def free_port() -> int:
@@ -172,9 +174,10 @@ class RedisSystem(System):
         self.r.close()
 
 
-def measure(system: System, size: int, batch: int, iters: int, reps: int) -> dict[str, Any]:
+def measure(system: System, size: int, batch: int, iters: int, reps: int, tag: str = ""
+            ) -> dict[str, Any]:
     values = [os.urandom(size) for _ in range(4)]
-    keys = [f"bench/{size}/{i}" for i in range(iters)]
+    keys = [f"bench/{tag}/{size}/{i}" for i in range(iters)]
     for k in keys[: min(8, iters)]:  # warm the connection and mappings
         system.put(k + "w", values[0])
         system.get(k + "w")
@@ -188,7 +191,7 @@ def measure(system: System, size: int, batch: int, iters: int, reps: int) -> dic
         system.get(k)
         get_t.append(time.perf_counter() - t)
     system.remove(keys + [k + "w" for k in keys[: min(8, iters)]])
-    bkeys = [[f"bench/b{size}/{r}/{i}" for i in range(batch)] for r in range(reps)]
+    bkeys = [[f"bench/{tag}/b{size}/{r}/{i}" for i in range(batch)] for r in range(reps)]
     system.batch_put(bkeys[0], size)  # warm-up round
     system.batch_get(bkeys[0], size)
     system.remove(bkeys[0])
@@ -227,123 +230,222 @@ def start_kvctl(capacity: str) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("kvctl store serve did not start")
 
 
+SYSTEMS = ("kvctl/tcp", "kvctl/shm", "mooncake", "mooncake/local", "redis")
+
+
+def make_system(name: str, address: str, batch: int, max_size: int) -> System:
+    """The client of ``name`` talking to the server at ``address``."""
+    if name.startswith("kvctl/"):
+        system: System = KvctlSystem("tcp" if name == "kvctl/tcp" else "auto", address, batch,
+                                     max_size)
+        system.name = name
+        return system
+    if name == "mooncake":  # a client contributing no memory; storage is another process
+        return MooncakeSystem(name, address, 0, batch, max_size)
+    if name == "mooncake/local":  # this process contributes the memory
+        return MooncakeSystem(name, address, 1 << 30, batch, max_size)
+    if name == "redis":
+        return RedisSystem(int(address.rpartition(":")[2]))
+    raise ValueError(f"unknown system {name!r}")
+
+
+def worker_main(name: str, address: str, batch: int, max_size: int) -> int:
+    """Serve measurement commands (JSON lines on stdin) with one system's client; results
+    go to stdout as ``RESULT {json}`` lines (libraries may print other lines)."""
+    system = make_system(name, address, batch, max_size)
+    print("READY", flush=True)
+    try:
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            result = measure(system, cmd["size"], batch, cmd["iters"], cmd["reps"], cmd["tag"])
+            print("RESULT " + json.dumps(result), flush=True)
+    finally:
+        system.close()
+    return 0
+
+
+class Worker:
+    """One system's client in its own process (Mooncake allows one store per process; own
+    processes also keep each client's threads and memory from disturbing the others')."""
+
+    def __init__(self, name: str, address: str, batch: int, max_size: int) -> None:
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", name, "--address", address,
+             "--batch", str(batch), "--max-size", str(max_size)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self._expect("READY")
+
+    def _expect(self, prefix: str) -> str:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line[len(prefix):].strip()
+        raise RuntimeError(f"benchmark worker {self.name} exited "
+                           f"(status {self.proc.wait()})")
+
+    def measure(self, size: int, iters: int, reps: int, tag: str) -> dict[str, float]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"size": size, "iters": iters, "reps": reps,
+                                          "tag": tag}) + "\n")
+        self.proc.stdin.flush()
+        return dict(json.loads(self._expect("RESULT ")))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def start_redis() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return proc, f"127.0.0.1:{port}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="4KiB,64KiB,1MiB,4MiB")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--systems", default="kvctl/tcp,kvctl/shm,mooncake,mooncake/local,redis")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds per size (ratios are paired per round)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--max-size", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    sizes = parse_size_list(args.sizes)
-    wanted = args.systems.split(",")
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
-    results: dict[str, dict[int, dict[str, Any]]] = {}
-    cleanups: list[Callable[[], None]] = []
+    if args.worker:
+        return worker_main(args.worker, args.address, args.batch, args.max_size)
+    sizes = parse_size_list(args.sizes)
+    wanted = [w for w in args.systems.split(",") if w]
+    unknown = [w for w in wanted if w not in SYSTEMS]
+    if unknown:
+        ap.error(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(SYSTEMS)}")
+    if "redis" in wanted and not shutil.which("redis-server"):
+        print("redis-server not found: skipping redis", file=sys.stderr)
+        wanted.remove("redis")
 
     def iters_for(size: int) -> int:
         base = 200 if size <= 64 << 10 else 40 if size <= 1 << 20 else 20
         return max(10, base // 4) if args.quick else base
 
     reps = 3 if args.quick else 5
+    rounds: dict[str, dict[int, list[dict[str, float]]]] = {w: {s: [] for s in sizes}
+                                                             for w in wanted}
+    cleanups: list[Callable[[], None]] = []
     try:
-        systems: list[System] = []
+        addresses: dict[str, str] = {}
         if any(w.startswith("kvctl") for w in wanted):
-            proc, address = start_kvctl("1GiB")
-            cleanups.append(lambda: (proc.terminate(), proc.wait()))
-            for transport in ("tcp", "shm"):
-                if f"kvctl/{transport}" in wanted:
-                    systems.append(KvctlSystem("tcp" if transport == "tcp" else "auto",
-                                               address, args.batch, max(sizes)))
-                    systems[-1].name = f"kvctl/{transport}"
+            kproc, kaddress = start_kvctl("1GiB")
+            cleanups.append(lambda: (kproc.terminate(), kproc.wait()))
+            addresses.update({"kvctl/tcp": kaddress, "kvctl/shm": kaddress})
         if "mooncake" in wanted or "mooncake/local" in wanted:
             from kvctl.store.mooncake import MooncakeMaster
-
-            mc = MooncakeMaster(storage_bytes=1 << 30 if "mooncake" in wanted else 0)
+        if "mooncake" in wanted:
+            mc = MooncakeMaster(storage_bytes=1 << 30)  # + a storage process of 1 GiB
             cleanups.append(mc.close)
-            if "mooncake" in wanted:
-                systems.append(MooncakeSystem("mooncake", mc.address, 0, args.batch,
-                                              max(sizes)))
-        if "redis" in wanted and shutil.which("redis-server"):
-            port = free_port()
-            rproc = subprocess.Popen(["redis-server", "--port", str(port), "--bind",
-                                      "127.0.0.1", "--save", "", "--appendonly", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            cleanups.append(lambda: (rproc.terminate(), rproc.wait()))
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), 0.2).close()
-                    break
-                except OSError:
-                    time.sleep(0.05)
-            systems.append(RedisSystem(port))
-        for system in systems:
-            results[system.name] = {}
-            for size in sizes:
-                results[system.name][size] = measure(system, size, args.batch,
-                                                     iters_for(size), reps)
-                print(f"{system.name:15s} {size:>8d} B  " + "  ".join(
-                    f"{k}={v:.3f}" for k, v in results[system.name][size].items()),
-                      flush=True)
-            system.close()
+            addresses["mooncake"] = mc.address
         if "mooncake/local" in wanted:
-            # Mooncake's single-process path: this process contributes the memory. Its own
-            # master, since one process cannot hold two MooncakeDistributedStore instances.
-            mc2 = MooncakeMaster()
-            cleanups.append(mc2.close)
-            local = MooncakeSystem("mooncake/local", mc2.address, 1 << 30, args.batch,
-                                   max(sizes))
-            results[local.name] = {}
-            for size in sizes:
-                results[local.name][size] = measure(local, size, args.batch, iters_for(size),
-                                                    reps)
-                print(f"{local.name:15s} {size:>8d} B  " + "  ".join(
-                    f"{k}={v:.3f}" for k, v in results[local.name][size].items()), flush=True)
-            local.close()
+            mc_local = MooncakeMaster()
+            cleanups.append(mc_local.close)
+            addresses["mooncake/local"] = mc_local.address
+        if "redis" in wanted:
+            rproc, raddress = start_redis()
+            cleanups.append(lambda: (rproc.terminate(), rproc.wait()))
+            addresses["redis"] = raddress
+        workers = [Worker(w, addresses[w], args.batch, max(sizes)) for w in wanted]
+        cleanups.extend(w.close for w in workers)
+        for size in sizes:
+            for r in range(args.rounds):
+                # Interleaved, the order rotated each round: every system sees the same
+                # load on a shared machine, and no system always runs first.
+                order = workers[r % len(workers):] + workers[:r % len(workers)]
+                for worker in order:
+                    row = worker.measure(size, iters_for(size), reps, f"r{r}")
+                    rounds[worker.name][size].append(row)
+                    print(f"{worker.name:15s} {size:>8d} B round {r}  " + "  ".join(
+                        f"{k}={v:.3f}" for k, v in row.items()), flush=True)
     finally:
         for fn in reversed(cleanups):
             fn()
-    report(results, sizes)
+    medians = {name: {size: {k: statistics.median(row[k] for row in per[size])
+                             for k in per[size][0]} for size in sizes if per[size]}
+               for name, per in rounds.items()}
+    ratios = paired_ratios(rounds, sizes)
+    report(medians, ratios, sizes)
     if args.json:
-        args.json.write_text(json.dumps({"results": {s: {str(k): v for k, v in r.items()}
-                                                      for s, r in results.items()}}, indent=2))
+        args.json.write_text(json.dumps({
+            "rounds": {s: {str(k): v for k, v in r.items()} for s, r in rounds.items()},
+            "medians": {s: {str(k): v for k, v in r.items()} for s, r in medians.items()},
+            "ratios": ratios}, indent=2))
     return 0
 
 
-def report(results: dict[str, dict[int, dict[str, Any]]], sizes: list[int]) -> None:
+#: (ratio name, metric, True when a lower metric is better)
+RATIOS = (("get_p50", "get_p50_ms", True), ("put_p50", "put_p50_ms", True),
+          ("batch_get", "batch_get_gbps", False), ("batch_put", "batch_put_gbps", False))
+
+
+def paired_ratios(rounds: dict[str, dict[int, list[dict[str, float]]]], sizes: list[int]
+                  ) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Per kvctl path and size: [median, min, max] over rounds of kvctl/baseline, each round's
+    figures against the baseline's figures of the same round."""
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    pairs = [(k, "mooncake", name, metric) for k in ("kvctl/tcp", "kvctl/shm")
+             for name, metric, _ in RATIOS]
+    pairs.append(("kvctl/shm", "mooncake/local", "batch_get_vs_local", "batch_get_gbps"))
+    for kvctl, base, name, metric in pairs:
+        if kvctl not in rounds or base not in rounds:
+            continue
+        for size in sizes:
+            values = [k[metric] / b[metric] for k, b in zip(rounds[kvctl][size],
+                                                            rounds[base][size], strict=False)
+                      if b[metric] > 0]
+            if values:
+                out.setdefault(kvctl, {}).setdefault(str(size), {})[name] = [
+                    statistics.median(values), min(values), max(values)]
+    return out
+
+
+def report(medians: dict[str, dict[int, dict[str, float]]],
+           ratios: dict[str, dict[str, dict[str, list[float]]]], sizes: list[int]) -> None:
     cols = ["get_p50_ms", "get_p99_ms", "put_p50_ms", "put_p99_ms", "batch_get_gbps",
             "batch_put_gbps"]
-    print()
+    print("\nmedians over rounds")
     print(f"{'system':15s} {'size':>8s} " + " ".join(f"{c:>15s}" for c in cols))
-    for name, per in results.items():
+    for name, per in medians.items():
         for size in sizes:
             row = per.get(size)
             if row:
                 print(f"{name:15s} {size:>8d} " + " ".join(f"{row[c]:15.3f}" for c in cols))
-    mc = results.get("mooncake")
-    local = results.get("mooncake/local")
-    if not mc:
+    if not ratios:
         return
-    print("\nratios vs Mooncake measured in this run (targets: latency <= 0.8x, batch tput "
-          ">= 1.5x; shm batch get >= mooncake/local)")
-    for name in ("kvctl/tcp", "kvctl/shm"):
-        per = results.get(name)
-        if not per:
-            continue
+    print("\nratios vs Mooncake, paired per round: median (min-max)  [targets: p50 <= 0.8x, "
+          "batch >= 1.5x; shm batch get >= mooncake/local]")
+    for name, per in ratios.items():
         for size in sizes:
-            k, m = per[size], mc[size]
-            line = (f"{name:10s} {size:>8d}  get p50 {k['get_p50_ms'] / m['get_p50_ms']:.2f}x"
-                    f"  put p50 {k['put_p50_ms'] / m['put_p50_ms']:.2f}x"
-                    f"  batch get {k['batch_get_gbps'] / m['batch_get_gbps']:.2f}x"
-                    f"  batch put {k['batch_put_gbps'] / m['batch_put_gbps']:.2f}x")
-            if local and name == "kvctl/shm":
-                line += (f"  batch get vs mooncake/local "
-                         f"{k['batch_get_gbps'] / local[size]['batch_get_gbps']:.2f}x")
-            ref = MOONCAKE_REF.get(size)
-            if ref:
-                line += (f"  | vs issue's Mooncake p50: get {k['get_p50_ms'] / ref[0]:.2f}x"
-                         f" put {k['put_p50_ms'] / ref[1]:.2f}x")
+            row = per.get(str(size))
+            if not row:
+                continue
+            line = f"{name:10s} {size:>8d} "
+            for key, (med, lo, hi) in row.items():
+                line += f" {key} {med:.2f}x ({lo:.2f}-{hi:.2f})"
             print(line)
 
 
