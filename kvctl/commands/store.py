@@ -403,8 +403,10 @@ def status(
     if json_:
         out.emit_json("store.status", {"master": address, **_status_dict(st)})
         return
+    reserved = (f" ({format_size(st.reserved_bytes)} of it reserved by clients for puts)"
+                if st.reserved_bytes else "")
     out.print(f"master {address}: {st.objects} objects, {format_size(st.used_bytes)} of "
-              f"{format_size(st.capacity_bytes)} DRAM used, {st.evictions} evictions "
+              f"{format_size(st.capacity_bytes)} DRAM used{reserved}, {st.evictions} evictions "
               f"({st.ssd_evictions} from SSD), {st.lost} lost; tiers "
               + ", ".join(f"{k} {v}" for k, v in st.tiers.items()) + f"; state {st.state}")
     table = Table(title="nodes", title_justify="left")

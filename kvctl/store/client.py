@@ -3,11 +3,19 @@
 A get is one master round trip (locations, and a lease that keeps the object from being
 evicted or its space reused while it is read) plus one transfer-engine READ from the first
 replica; the bytes are verified against the object's xxh3 checksum and, on a transfer
-failure or a mismatch, read from the next replica. A put is one master round trip
-(allocation on ``replicas`` distinct nodes), one engine WRITE per replica, and a commit sent
-without waiting for an answer (the next request on that connection is ordered after it; a
+failure or a mismatch, read from the next replica. A get of a key this client wrote or read
+recently also reads the remembered replica while the master answers (*early read*; the bytes
+count only if they are where the master says and match its checksum).
+
+A small put is placed by the client in space the master reserved for it (see
+:mod:`kvctl.store.arena`): one engine WRITE per replica, then a report
+(:class:`~kvctl.store.protocol.PutAt`) sent without waiting, so one round trip. Other puts
+(large, or when no reservation can be had) are one master round trip (allocation on
+``replicas`` distinct nodes), one WRITE per replica, and a commit sent without waiting (a
 reader that races the commit sees the object as *pending*, reads it, and accepts it only if
-the checksum matches).
+the checksum matches). Reports and commits have no reply: the next request on the same
+connection is ordered after them, a request on another connection (another thread's) may
+overtake them.
 
 With a tenant's token the master confines the client to keys under ``<tenant>/`` (see
 :mod:`kvctl.store.tenants`); the client learns that namespace at login and adds it to every
@@ -34,6 +42,7 @@ import msgspec
 
 from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
+from kvctl.store.arena import DEFAULT_RESERVE_BYTES, Arena, Arenas
 from kvctl.store.checksum import checksum
 from kvctl.store.errors import (
     BadRequestError,
@@ -103,6 +112,9 @@ class StoreClient:
         staging_bytes: size of the registered staging buffer for ``bytes`` values.
         timeout_s: per-operation timeout, seconds.
         lease: ask for a lease on gets (protects objects being read from eviction).
+        reserve_bytes: space to reserve for placing small puts here (one round trip per put
+            instead of two; see :mod:`kvctl.store.arena`); 0 puts everything through the
+            master.
 
     Raises:
         StoreUnavailableError: the master cannot be reached.
@@ -110,7 +122,8 @@ class StoreClient:
 
     def __init__(self, master: str, *, token: str | None = None, replicas: int = 1,
                  transport: str = "auto", staging_bytes: int = DEFAULT_STAGING_BYTES,
-                 timeout_s: float = 30.0, lease: bool = True) -> None:
+                 timeout_s: float = 30.0, lease: bool = True,
+                 reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> None:
         if replicas < 1:
             raise BadRequestError(f"replicas {replicas} is below 1", "ask for 1 or more")
         self.master = master
@@ -137,6 +150,7 @@ class StoreClient:
         self._copier: concurrent.futures.ThreadPoolExecutor | None = None
         self._copier_lock = threading.Lock()
         self._registered: list[_Registered] = []
+        self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         try:
             self._staging = Staging(self.engine, f"{name}.staging", staging_bytes)
         except BaseException:
@@ -153,6 +167,7 @@ class StoreClient:
             return
         with contextlib.suppress(KvctlError):
             self._flush_releases()
+        self._arenas.close()
         self._closed = True
         with self._copier_lock:
             copier, self._copier = self._copier, None
@@ -393,6 +408,12 @@ class StoreClient:
         keys = [k for k, _ in items]
         wire = [self.namespace + k for k in keys]
         sums = [checksum(v) for v in views]
+        placed = self._arenas.place([v.nbytes for v in views])
+        if placed is not None:
+            done = self._put_placed(keys, wire, views, sums, *placed)
+            if done is not None:
+                return done
+            # the master restarted since it granted the reservation: through it, below
         out: list[KvctlError | None] = [None] * len(items)
         for start, end in self._chunks([v.nbytes for v in views]):
             reply = self._expect(self._call(p.Put(
@@ -406,6 +427,76 @@ class StoreClient:
                 if isinstance(slot, p.PutSlot) and slot.locations and not slot.skip
                 and out[start + j] is None])
         return out
+
+    def _put_placed(self, keys: list[str], wire: list[str], views: list[memoryview],
+                    sums: list[int], arena: Arena, offsets: list[int]
+                    ) -> list[KvctlError | None] | None:
+        """Write objects at ``offsets`` of the reservation ``arena`` and report them to the
+        master (no reply: one round trip per put); ``None`` when the master that granted
+        the reservation is gone (the caller puts through the new one)."""
+        n = len(keys)
+        out: list[KvctlError | None] = [None] * n
+        slots: list[p.PutSlot | p.ErrorInfo] = [p.PutSlot(key=wire[i], version=0, locations=[
+            p.Location(loc.node_id, loc.segment, loc.offset + offsets[i], views[i].nbytes)
+            for loc in arena.locations]) for i in range(n)]
+        settled = False
+        try:
+            with self._pool.connection() as conn:  # a restarted master is noticed here
+                if conn.instance != arena.instance:
+                    self._arenas.drop(arena)
+                    settled = True
+                    self._arenas.done(arena, report=False)
+                    return None  # never write into space the new master may hand out
+            self._write_slots(keys, views, slots, 0, out)
+            good = [i for i in range(n) if out[i] is None]
+            with self._pool.connection() as conn:
+                same = conn.instance == arena.instance
+                if not same:
+                    self._arenas.drop(arena)
+                count = self._arenas.done(arena, report=same)
+                settled = True
+                if same:
+                    conn.send(p.PutAt(
+                        reservation=arena.rid, keys=[wire[i] for i in good],
+                        sizes=[views[i].nbytes for i in good], checksums=[sums[i] for i in good],
+                        offsets=[offsets[i] for i in good], end=count is not None,
+                        count=count or 0))
+        finally:
+            if not settled:
+                count = self._arenas.done(arena, report=False)
+                if count is not None:
+                    self._end_arena(arena, count)
+        if not same:
+            return None
+        first = arena.locations[0]
+        self._remember([(wire[i], _Where(0, sums[i], views[i].nbytes, first.segment,
+                                         first.offset + offsets[i])) for i in good])
+        return out
+
+    def _reserve(self, size: int, replicas: int) -> tuple[p.Reservation, str] | None:
+        """Ask the master for a reservation (see :mod:`kvctl.store.arena`)."""
+        try:
+            with self._pool.connection() as conn:
+                reply = conn.call(p.Reserve(size=size, replicas=replicas))
+                instance = conn.instance
+        except KvctlError as exc:
+            _log.debug("no reservation: %s", exc.cause)
+            return None
+        if not isinstance(reply, p.Reservation) or len(reply.locations) != replicas:
+            if isinstance(reply, p.Fail):
+                _log.debug("no reservation: %s", reply.error.cause)
+            return None
+        return reply, instance
+
+    def _end_arena(self, arena: Arena, count: int) -> None:
+        """Give a reservation's unused space back once the master has taken ``count``
+        reports for it (best effort: it expires anyway)."""
+        try:
+            with self._pool.connection() as conn:
+                if conn.instance == arena.instance:
+                    conn.send(p.PutAt(reservation=arena.rid, end=True, count=count))
+        except KvctlError as exc:
+            _log.debug("ending reservation %x: %s", arena.rid, exc.cause)
 
     def _remember(self, where: list[tuple[str, _Where]]) -> None:
         """Note where keys were just written or read (bounded, least recent dropped)."""
@@ -446,6 +537,22 @@ class StoreClient:
     def _write_chunk(self, keys: list[str], wire: list[str], views: list[memoryview],
                      slots: list[p.PutSlot | p.ErrorInfo], start: int,
                      out: list[KvctlError | None]) -> None:
+        commits = self._write_slots(keys, views, slots, start, out)
+        good = [(wire[i], v) for i, v in commits if out[i] is None]
+        bad = [(wire[i], v) for i, v in commits if out[i] is not None]
+        with self._pool.connection() as conn:
+            if good:
+                conn.send(p.Commit(keys=[k for k, _ in good], versions=[v for _, v in good]))
+            if bad:
+                conn.send(p.Commit(keys=[k for k, _ in bad], versions=[v for _, v in bad],
+                                   ok=False))
+
+    def _write_slots(self, keys: list[str], views: list[memoryview],
+                     slots: Sequence[p.PutSlot | p.ErrorInfo], start: int,
+                     out: list[KvctlError | None]) -> list[tuple[int, int]]:
+        """Write item ``start + j`` to every location of ``slots[j]``; failures land in
+        ``out``. Returns ``(item index, version)`` of every slot written or tried (not
+        skipped, not refused by the master)."""
         reqs: list[TransferRequest] = []
         locals_: list[memoryview] = []
         owners: list[int] = []
@@ -484,14 +591,7 @@ class StoreClient:
             if cause is not None and out[i] is None:
                 out[i] = StoreUnavailableError(f"writing {keys[i]!r} to a node failed: {cause}",
                                                "check the storage nodes (kvctl store status)")
-        good = [(wire[i], v) for i, v in commits if out[i] is None]
-        bad = [(wire[i], v) for i, v in commits if out[i] is not None]
-        with self._pool.connection() as conn:
-            if good:
-                conn.send(p.Commit(keys=[k for k, _ in good], versions=[v for _, v in good]))
-            if bad:
-                conn.send(p.Commit(keys=[k for k, _ in bad], versions=[v for _, v in bad],
-                                   ok=False))
+        return commits
 
     def _source(self, view: memoryview, staged: list[tuple[int, int]], temps: list[str]
                 ) -> tuple[str, int]:
@@ -566,10 +666,10 @@ class StoreClient:
         wire = [self.namespace + k for k in keys]
         request = p.Get(keys=wire, lease=self.lease, release_keys=rkeys,
                         release_versions=rversions)
-        guesses = self._guesses(wire) if dests is None else []
-        early: dict[int, tuple[_Where, bytes]] = {}
+        guesses = self._guesses(wire, dests)
+        early: dict[int, tuple[_Where, bytes | int]] = {}
         if guesses:
-            answer, early = self._get_with_early_reads(request, guesses)
+            answer, early = self._get_with_early_reads(request, guesses, dests)
         else:
             answer = self._call(request)
         reply = self._expect(answer, p.GetReply)
@@ -589,10 +689,12 @@ class StoreClient:
             else:
                 slots[i] = slot
                 got = early.get(i)
-                if got is not None and (got[0].version, got[0].checksum, got[0].size) == (
-                        slot.version, slot.checksum, slot.size):
-                    # Read before the answer came, verified against the checksum the
-                    # master gives for the current version: these are the object's bytes.
+                if got is not None and (got[0].checksum, got[0].size) == (
+                        slot.checksum, slot.size) and any(
+                        (loc.segment, loc.offset) == (got[0].segment, got[0].offset)
+                        for loc in slot.locations):
+                    # Read, before the answer came, from where the master says the current
+                    # version is, and verified against its checksum: the object's bytes.
                     out[i] = got[1]
                     continue
                 todo.append(i)
@@ -670,10 +772,12 @@ class StoreClient:
                 self._flush_releases()
         return out
 
-    def _guesses(self, wire: list[str]) -> list[tuple[int, _Where]]:
+    def _guesses(self, wire: list[str], dests: list[memoryview] | None
+                 ) -> list[tuple[int, _Where]]:
         """Keys of a get whose last known replica can be read before the master answers:
         over the engine (not same-host shm, which is cheaper than a guess), on a segment
-        still live, small enough that a wrong guess costs little."""
+        still live, small enough that a wrong guess costs little (and, reading into caller
+        buffers, fitting the buffer)."""
         out: list[tuple[int, _Where]] = []
         budget = EARLY_READ_BYTES
         with self._where_lock:
@@ -683,41 +787,54 @@ class StoreClient:
             for i, key in enumerate(wire):
                 w = where.get(key)
                 if w is not None and w.size <= budget and w.segment not in self._inline \
-                        and w.segment in self._known:
+                        and w.segment in self._known and (
+                            dests is None or dests[i].nbytes >= w.size):
                     out.append((i, w))
                     budget -= w.size
         return out
 
-    def _get_with_early_reads(self, request: p.Get, guesses: list[tuple[int, _Where]]
-                              ) -> tuple[p.Reply, dict[int, tuple[_Where, bytes]]]:
+    def _get_with_early_reads(self, request: p.Get, guesses: list[tuple[int, _Where]],
+                              dests: list[memoryview] | None
+                              ) -> tuple[p.Reply, dict[int, tuple[_Where, bytes | int]]]:
         """Send ``request`` to the master and, while it answers, read the guessed replicas:
         a get of a key this client recently wrote or read costs one round trip instead of
         two. A guess only counts when its bytes match its checksum and the master's answer
         names the same version, size and checksum (the caller checks); anything else (a
         stale location after eviction, reuse or an overwrite) falls back to the normal
-        read at the master's locations, so wrong bytes are never returned."""
+        read at the master's locations, so wrong bytes are never returned. With ``dests``
+        the guesses land in the caller's buffers (a rejected guess is overwritten by the
+        normal read; a key that turns out missing leaves its buffer unspecified)."""
         if self._closed:
             raise StoreError("store client is closed", "open a new StoreClient")
         with self._pool.connection() as conn:
             conn.send(request)
-            early = self._read_guesses(guesses)
+            early = self._read_guesses(guesses, dests)
             return conn.recv(), early
 
-    def _read_guesses(self, guesses: list[tuple[int, _Where]]
-                      ) -> dict[int, tuple[_Where, bytes]]:
-        found: dict[int, tuple[_Where, bytes]] = {}
+    def _read_guesses(self, guesses: list[tuple[int, _Where]],
+                      dests: list[memoryview] | None = None
+                      ) -> dict[int, tuple[_Where, bytes | int]]:
+        """Read each guess; per index whose bytes match the remembered checksum, the bytes
+        (or, into ``dests``, the size: the bytes are in ``dests[i]``)."""
+        found: dict[int, tuple[_Where, bytes | int]] = {}
         placed: list[tuple[int, _Where, memoryview, tuple[int, int] | None, str | None]] = []
         try:
             reqs: list[TransferRequest] = []
             for i, w in guesses:
-                dest, local, stage, temp = self._dest(w.size, None, inline=False)
+                dest, local, stage, temp = self._dest(
+                    w.size, dests[i] if dests is not None else None, inline=False)
                 placed.append((i, w, dest, stage, temp))
                 reqs.append(TransferRequest(OpCode.READ, local[0], local[1], w.segment,
                                             w.offset, w.size))
             failures = self._engine_move(OpCode.READ, reqs)
             for (i, w, dest, _, _), cause in zip(placed, failures, strict=True):
                 if cause is None and checksum(dest[:w.size]) == w.checksum:
-                    found[i] = (w, bytes(dest[:w.size]))
+                    if dests is None:
+                        found[i] = (w, bytes(dest[:w.size]))
+                        continue
+                    if dest is not dests[i]:  # staged: copy out
+                        dests[i][:w.size] = dest[:w.size]
+                    found[i] = (w, w.size)
         except KvctlError as exc:  # only a guess: the normal read follows
             _log.debug("early read failed: %s", exc.cause)
         finally:

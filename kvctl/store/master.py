@@ -11,6 +11,11 @@ Rules kept here (and checked by tests/store/test_master_props.py):
 - Allocations on a node never overlap and never exceed its capacity.
 - A put is *pending* until committed: pending objects are not evictable; a pending put that
   is never committed is released after ``pending_ttl_s``.
+- A *reservation* is space a client places its own puts in (one round trip per put instead
+  of two): at most ``reservation_share`` of a node, on ``replicas`` distinct nodes, never
+  evicted; objects the client reports inside it (:class:`~kvctl.store.protocol.PutAt`) must
+  lie in still-unused parts of it; the rest is given back when the client ends it or after
+  ``pending_ttl_s`` without use.
 - A get grants a lease of ``lease_ttl_s``: a leased or pinned object is never evicted, and
   its space is not reused before the lease ends even if it is removed or overwritten.
 - When a node's usage passes ``high_watermark`` of its capacity, least recently used
@@ -28,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import OrderedDict, deque
@@ -37,12 +43,14 @@ import msgspec
 
 from kvctl.cache.lru import LruIndex
 from kvctl.store import protocol as p
-from kvctl.store.allocator import ExtentAllocator
+from kvctl.store.allocator import AllocatorInvariantError, ExtentAllocator
 from kvctl.store.state import NodeRecord, NoState, ObjectRecord, ReplicaRecord, StateBackend
 
 _log = logging.getLogger("kvctl.store.master")
 
 SSD_POLICIES = ("off", "write-through", "write-back")
+#: Smallest reservation worth granting (less is refused: put through the master instead).
+MIN_RESERVATION_BYTES = 64 << 10
 #: How many evicted keys the master remembers, to answer "evicted" instead of "not found".
 EVICTED_MEMORY = 65536
 
@@ -61,6 +69,9 @@ class MasterConfig:
         default_replicas: copies per object when a put does not say.
         ssd_full_retry_s: after a node's SSD reported "no space", how long offload to it
             pauses before one more write is tried, seconds.
+        reservation_share: the largest reservation, as a fraction of a node's capacity.
+        reservations_share: the most of a node's capacity all unused reservation space
+            together may hold (more clients put through the master instead).
     """
 
     high_watermark: float = 0.95
@@ -71,6 +82,25 @@ class MasterConfig:
     load_timeout_s: float = 5.0
     default_replicas: int = 1
     ssd_full_retry_s: float = 5.0
+    reservation_share: float = 1 / 16
+    reservations_share: float = 1 / 4
+
+
+@dataclasses.dataclass
+class _Reservation:
+    """Space a client places puts in; ``free`` tracks its unused parts (offsets relative to
+    each replica's ``start``; the same on every replica node)."""
+
+    rid: int
+    namespace: str
+    size: int
+    #: node id -> start offset of this reservation's range on that node
+    starts: dict[str, int]
+    free: ExtentAllocator
+    expires: float
+    #: PutAt messages taken, and (once the client ended it) how many it sent in all.
+    seen: int = 0
+    expected: int = 0
 
 
 @dataclasses.dataclass
@@ -201,6 +231,9 @@ class MasterCore:
         self._nodes: dict[str, _Node] = {}
         self._evicted: OrderedDict[str, str] = OrderedDict()
         self._deferred: list[tuple[float, _Node, int, int]] = []
+        self._reservations: dict[int, _Reservation] = {}
+        #: names this run of the master (sent in Hello): reservations die with it.
+        self.instance = secrets.token_hex(8)
         self._reports: dict[int, p.TaskReport] = {}
         self._versions = itertools.count(1)
         self._task_ids = itertools.count(1)
@@ -315,6 +348,10 @@ class MasterCore:
                     _log.warning("put of %r was never committed; releasing its space", key)
                     del self._pending[key]
                     self._release(obj, now)
+            for res in [r for r in self._reservations.values() if r.expires <= now]:
+                _log.info("reservation %x unused for %.0f s; giving its space back", res.rid,
+                          self.config.pending_ttl_s)
+                self._end_reservation(res)
             if self._deferred:
                 keep = []
                 for item in self._deferred:
@@ -330,6 +367,10 @@ class MasterCore:
         node.alive = False
         del self._nodes[node.node_id]
         self.state.delete_node(node.node_id)
+        for res in list(self._reservations.values()):
+            res.starts.pop(node.node_id, None)
+            if not res.starts:
+                del self._reservations[res.rid]
         for table in (self._objects, self._pending):
             for key, obj in list(table.items()):
                 before = len(obj.replicas) + len(obj.ssd)
@@ -528,19 +569,128 @@ class MasterCore:
                     self._release(obj, now)
                     continue
                 obj.pending_until = 0.0
-                old = self._objects.get(key)
-                self._objects[key] = obj
-                self._evicted.pop(key, None)
-                if old is not None:
-                    for rep in old.replicas:
-                        self._nodes[rep.node_id].lru.remove(key)
-                    self._release(old, now)
-                for rep in obj.replicas:
-                    node = self._nodes[rep.node_id]
-                    node.lru.add(key, node.alloc.rounded(rep.size))
-                    if node.ssd_policy == "write-through" and not node.offload_paused(now):
-                        self._task(node, "persist", obj, rep.offset)
-                self.state.put_object(obj.record())
+                self._install(obj, now)
+
+    def _install(self, obj: _Object, now: float) -> None:
+        """Make a written object the current value of its key (lock held)."""
+        key = obj.key
+        old = self._objects.get(key)
+        self._objects[key] = obj
+        self._evicted.pop(key, None)
+        if old is not None:
+            for rep in old.replicas:
+                self._nodes[rep.node_id].lru.remove(key)
+            self._release(old, now)
+        for rep in obj.replicas:
+            node = self._nodes[rep.node_id]
+            node.lru.add(key, node.alloc.rounded(rep.size))
+            if node.ssd_policy == "write-through" and not node.offload_paused(now):
+                self._task(node, "persist", obj, rep.offset)
+        self.state.put_object(obj.record())
+
+    # ------------------------------------------------------------------ reservations
+
+    def reserve(self, msg: p.Reserve, namespace: str = "") -> p.Reservation | p.ErrorInfo:
+        """Set aside up to ``msg.size`` bytes on ``msg.replicas`` distinct live nodes for a
+        client to place puts in (evicting as a put would); capped at ``reservation_share``
+        of the smallest chosen node."""
+        replicas = msg.replicas or self.config.default_replicas
+        with self._cond:
+            now = self._clock()
+            live = [n for n in self._nodes.values() if n.alive]
+            if msg.size <= 0:
+                return _err("bad_request", f"reservation of {msg.size} bytes",
+                            "ask for a positive size")
+            if replicas < 1 or replicas > len(live):
+                return _err("unavailable", f"{replicas} replica(s) asked for a reservation, "
+                            f"{len(live)} live node(s)",
+                            "start more storage nodes or ask for fewer replicas")
+            live.sort(key=lambda n: n.alloc.free_bytes, reverse=True)
+            chosen = live[:replicas]
+            held: dict[str, int] = {}
+            for res in self._reservations.values():
+                for nid in res.starts:
+                    held[nid] = held.get(nid, 0) + res.free.free_bytes
+            cap = min(min(int(n.alloc.capacity_bytes * self.config.reservation_share),
+                          int(n.alloc.capacity_bytes * self.config.reservations_share)
+                          - held.get(n.node_id, 0)) for n in chosen)
+            align = chosen[0].alloc.alignment_bytes
+            size = min(msg.size, cap) // align * align
+            if size < min(msg.size, MIN_RESERVATION_BYTES):
+                return _err("full", "no room for a reservation (nodes too small, or their "
+                            "share for reservations is taken)",
+                            "put through the master (StoreClient does when this fails)")
+            placed: list[tuple[_Node, int]] = []
+            for node in chosen:
+                offset = self._allocate(node, size, now)
+                if offset is None:
+                    break
+                placed.append((node, offset))
+            if len(placed) < replicas:
+                for node, offset in placed:
+                    node.alloc.free(offset, size)
+                return _err("full", f"no room for a reservation of {size} bytes",
+                            "put through the master (StoreClient does when this fails)")
+            rid = secrets.randbits(63)  # not guessable, never reused across restarts
+            while rid in self._reservations:
+                rid = secrets.randbits(63)
+            self._reservations[rid] = _Reservation(
+                rid, namespace, size, {n.node_id: off for n, off in placed},
+                ExtentAllocator(size, alignment_bytes=align), now + self.config.pending_ttl_s)
+            for node, _ in placed:
+                self._watermark(node, now)
+            return p.Reservation(
+                reservation=rid, alignment=align, ttl_s=self.config.pending_ttl_s,
+                locations=[p.Location(n.node_id, n.segment, off, size) for n, off in placed])
+
+    def put_at(self, msg: p.PutAt, namespace: str = "") -> None:
+        """Install objects a client wrote inside its reservation (see :class:`p.PutAt`).
+        An item outside the reservation's unused parts, or for a reservation that is gone
+        (ended, expired, its nodes dead) or another namespace's, is dropped and logged:
+        nothing of it becomes visible."""
+        with self._cond:
+            now = self._clock()
+            res = self._reservations.get(msg.reservation)
+            if res is None or res.namespace != namespace:
+                if msg.keys:
+                    _log.warning("%d put(s) for reservation %x dropped: it is gone (ended, "
+                                 "unused past its TTL, or its nodes died)", len(msg.keys),
+                                 msg.reservation)
+                return
+            res.expires = now + self.config.pending_ttl_s
+            res.seen += 1
+            if msg.end:
+                res.expected = max(1, msg.count)
+            n = len(msg.keys)
+            if not len(msg.sizes) == len(msg.checksums) == len(msg.offsets) == n:
+                _log.warning("malformed put_at for reservation %x dropped", res.rid)
+                n = 0
+            for i in range(n):
+                key, size, csum, rel = msg.keys[i], msg.sizes[i], msg.checksums[i], msg.offsets[i]
+                if check_key(key) is not None or size < 0 or not 0 <= csum < 1 << 64:
+                    _log.warning("put_at of a bad key, size or checksum dropped")
+                    continue
+                try:
+                    res.free.reserve(rel, size)  # inside the unused parts, aligned
+                except (AllocatorInvariantError, ValueError):
+                    _log.warning("put_at of %r at %d (+%d) is outside reservation %x's unused "
+                                 "space; dropped", key, rel, size, res.rid)
+                    continue
+                self._install(_Object(key, size, csum, next(self._versions), [
+                    _Replica(nid, start + rel, size) for nid, start in res.starts.items()],
+                    set(), now), now)
+            if res.expected and res.seen >= res.expected:
+                self._end_reservation(res)
+
+    def _end_reservation(self, res: _Reservation) -> None:
+        """Give the unused parts of ``res`` back to its nodes (lock held)."""
+        del self._reservations[res.rid]
+        for nid, start in res.starts.items():
+            node = self._nodes.get(nid)
+            if node is None:
+                continue
+            for off, length in res.free.extents():
+                node.alloc.free(start + off, length)
 
     # ------------------------------------------------------------------ get
 
@@ -824,7 +974,9 @@ class MasterCore:
                 used_bytes=sum(n.used_bytes for n in nodes if n.alive),
                 evictions=self.evictions, ssd_evictions=self.ssd_evictions, lost=self.lost,
                 tiers=tiers, state=self.state.description,
-                high_watermark=self.config.high_watermark, evict_ratio=self.config.evict_ratio)
+                high_watermark=self.config.high_watermark, evict_ratio=self.config.evict_ratio,
+                reserved_bytes=sum(res.free.free_bytes * len(res.starts)
+                                   for res in self._reservations.values()))
 
     # ------------------------------------------------------------------ test hooks
 
@@ -842,6 +994,11 @@ class MasterCore:
             for _, node, offset, size in self._deferred:
                 if node.node_id in out:
                     out[node.node_id].append((offset, node.alloc.rounded(size)))
+            for res in self._reservations.values():
+                for nid, start in res.starts.items():
+                    if nid in out:
+                        out[nid].extend((start + off, length)
+                                        for off, length in res.free.extents())
             return out
 
     def node_usage(self) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ Connection: the server speaks first with :class:`Hello` (version, whether a toke
 required, a nonce, the frame limit). The client answers :class:`Login` (the HMAC of the
 nonce, see :mod:`kvctl.net.auth`) and gets :class:`Ok` or :class:`Fail` (then the server
 closes). After that each request gets exactly one reply, in order, except requests sent
-of kinds that never get one (:class:`Commit`, :class:`Release`).
+of kinds that never get one (:class:`Commit`, :class:`Release`, :class:`PutAt`).
 
 Limits: a frame over ``max_frame_bytes`` (default 4 MiB) is refused with a ``too_large``
 error reply and the connection is closed; a frame that does not decode gets a
@@ -152,6 +152,8 @@ class StoreStatus(Struct, frozen=True):
     state: str
     high_watermark: float
     evict_ratio: float
+    #: bytes held by clients' reservations (see :class:`Reserve`), included in used_bytes.
+    reserved_bytes: int = 0
 
 
 # ---- tasks the master hands to nodes --------------------------------------------------------
@@ -196,6 +198,31 @@ class Login(Struct, frozen=True, tag="login"):
 class Put(Struct, frozen=True, tag="put"):
     items: list[PutItem]
     replicas: int = 1
+
+
+class Reserve(Struct, frozen=True, tag="reserve"):
+    """Space the client places puts in itself: ``size`` bytes on ``replicas`` distinct live
+    nodes (the master may grant less; see :class:`Reservation`)."""
+
+    size: int
+    replicas: int = 1
+
+
+class PutAt(Struct, frozen=True, tag="put_at"):
+    """Objects the client wrote inside its reservation (no reply): each ``keys[i]`` of
+    ``sizes[i]`` bytes with ``checksums[i]`` at ``offsets[i]`` from the start of every
+    replica's range. Such objects are visible once the master takes this message (like a
+    :class:`Commit`). ``end`` gives the rest of the reservation back once the master has
+    taken ``count`` PutAt messages for it, this one included (a client's reports travel on
+    several connections, so the end may arrive before some of them)."""
+
+    reservation: int
+    keys: list[str] = msgspec.field(default_factory=list)
+    sizes: list[int] = msgspec.field(default_factory=list)
+    checksums: list[int] = msgspec.field(default_factory=list)
+    offsets: list[int] = msgspec.field(default_factory=list)
+    end: bool = False
+    count: int = 0
 
 
 class Commit(Struct, frozen=True, tag="commit"):
@@ -278,7 +305,7 @@ class Heartbeat(Struct, frozen=True, tag="heartbeat"):
 
 Request = (
     Login | Put | Commit | Get | Release | Exists | Remove | ListKeys | Stat | Pin | Status | Nodes
-    | RegisterNode | Heartbeat
+    | RegisterNode | Heartbeat | Reserve | PutAt
 )
 
 
@@ -286,10 +313,14 @@ Request = (
 
 
 class Hello(Struct, frozen=True, tag="hello"):
+    """The server's greeting. ``instance`` names this run of the master: a reservation is
+    only good on connections to the instance that granted it."""
+
     version: int
     auth: bool
     nonce: bytes
     max_frame_bytes: int
+    instance: str = ""
 
 
 class Ok(Struct, frozen=True, tag="ok"):
@@ -305,6 +336,17 @@ class Fail(Struct, frozen=True, tag="fail"):
 
 class PutReply(Struct, frozen=True, tag="put_r"):
     slots: list[PutSlot | ErrorInfo]
+
+
+class Reservation(Struct, frozen=True, tag="reserve_r"):
+    """A granted :class:`Reserve`: ``reservation`` names it in :class:`PutAt`; one location
+    per replica node (all the same ``size``); objects inside start at multiples of
+    ``alignment`` bytes. Unused for ``ttl_s`` (no :class:`PutAt`), it is given back."""
+
+    reservation: int
+    locations: list[Location]
+    alignment: int
+    ttl_s: float
 
 
 class GetReply(Struct, frozen=True, tag="get_r"):
@@ -338,7 +380,7 @@ class Tasks(Struct, frozen=True, tag="tasks"):
 
 Reply = (
     Hello | Ok | Fail | PutReply | GetReply | Bools | KeyList | StatReply | StatusReply
-    | NodesReply | Tasks
+    | NodesReply | Tasks | Reservation
 )
 
 

@@ -82,11 +82,14 @@ class MasterConnection:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._codec = p.Codec()
         self.namespace = ""
+        #: the master run this connection talks to (see :attr:`protocol.Hello.instance`).
+        self.instance = ""
         try:
             hello = self._recv()
             if not isinstance(hello, p.Hello):
                 raise ProtocolError(f"store master at {address} did not greet",
                                     "check that the address is a kvctl store master")
+            self.instance = hello.instance
             if hello.version != p.PROTOCOL_VERSION:
                 raise ProtocolError(
                     f"store master at {address} speaks protocol {hello.version}, "

@@ -143,7 +143,8 @@ class MasterServer:
         ``None`` when the login failed."""
         nonce = auth.new_nonce() if self._token else b""
         codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=self._token is not None,
-                                 nonce=nonce, max_frame_bytes=self._max_frame))
+                                 nonce=nonce, max_frame_bytes=self._max_frame,
+                                 instance=self.core.instance))
         if self._token is None:
             return ""
         frame = codec.frames.recv(conn)
@@ -194,11 +195,11 @@ class MasterServer:
                 reply = p.Fail(error=p.ErrorInfo(code="internal", cause=f"master failed on "
                                                  f"{type(msg).__name__}",
                                                  hint="see the master's log"))
-                if isinstance(msg, p.Commit | p.Release):
+                if isinstance(msg, p.Commit | p.Release | p.PutAt):
                     reply = None  # these never get a reply: one now would shift every later one
             if self.metrics is not None:
                 outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
-                self.metrics.record(type(msg).__name__.lower(), time.perf_counter() - started,
+                self.metrics.record(_op_name(msg), time.perf_counter() - started,
                                     outcome, bytes_in=len(frame.payload))
             if reply is not None:
                 codec.send(conn, reply)
@@ -209,15 +210,17 @@ class MasterServer:
             return self._dispatch(msg)
         if isinstance(msg, p.RegisterNode | p.Heartbeat):
             return _forbidden(f"tenant {namespace[:-1]!r} cannot act as a storage node")
-        if isinstance(msg, p.Commit | p.Release):
+        if isinstance(msg, p.Commit | p.Release | p.PutAt):
             inside = [i for i, k in enumerate(msg.keys) if k.startswith(namespace)]
             if len(inside) != len(msg.keys):
                 _log.warning("tenant %r sent %s for keys outside its namespace; ignored",
                              namespace[:-1], type(msg).__name__.lower())
-                msg = msgspec.structs.replace(
-                    msg, keys=[msg.keys[i] for i in inside],
-                    versions=[msg.versions[i] for i in inside if i < len(msg.versions)])
-            return self._dispatch(msg)
+                fields = ("versions",) if not isinstance(msg, p.PutAt) else (
+                    "sizes", "checksums", "offsets")
+                msg = msgspec.structs.replace(msg, keys=[msg.keys[i] for i in inside], **{
+                    f: [getattr(msg, f)[i] for i in inside if i < len(getattr(msg, f))]
+                    for f in fields})
+            return self._dispatch(msg, namespace)
         keys: list[str] = []
         if isinstance(msg, p.Get):
             keys = [*msg.keys, *msg.release_keys]
@@ -233,9 +236,9 @@ class MasterServer:
         if bad is not None:
             return _forbidden(f"key {bad!r} is outside tenant {namespace[:-1]!r}'s namespace "
                               f"{namespace!r}")
-        return self._dispatch(msg)
+        return self._dispatch(msg, namespace)
 
-    def _dispatch(self, msg: p.Request) -> p.Reply | None:
+    def _dispatch(self, msg: p.Request, namespace: str = "") -> p.Reply | None:
         core = self.core
         if isinstance(msg, p.Get):
             if len(msg.keys) > p.MAX_BATCH:
@@ -251,6 +254,15 @@ class MasterServer:
         if isinstance(msg, p.Release):
             core.release(msg)
             return None
+        if isinstance(msg, p.PutAt):
+            if len(msg.keys) > p.MAX_BATCH:
+                _log.warning("put_at of %d keys (limit %d) dropped", len(msg.keys), p.MAX_BATCH)
+                return None
+            core.put_at(msg, namespace)
+            return None
+        if isinstance(msg, p.Reserve):
+            slot = core.reserve(msg, namespace)
+            return p.Fail(error=slot) if isinstance(slot, p.ErrorInfo) else slot
         if isinstance(msg, p.Exists):
             return p.Bools(values=core.exists(msg.keys))
         if isinstance(msg, p.Remove):
@@ -301,6 +313,15 @@ class MasterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _op_name(msg: p.Request) -> str:
+    """The operation a request counts as in metrics: puts a client placed in its reservation
+    count as puts (the master takes them then), the reservation's own messages as
+    ``reserve``."""
+    if isinstance(msg, p.PutAt):
+        return "put" if msg.keys else "reserve"
+    return type(msg).__name__.lower()
 
 
 def _forbidden(cause: str) -> p.Fail:

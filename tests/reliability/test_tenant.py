@@ -90,6 +90,12 @@ def test_tenant_cannot_reach_another_tenants_objects(master: MasterServer) -> No
                                         host_id="h", capacity_bytes=1 << 20))
         _forbidden(conn, p.Heartbeat(node_id="n", epoch="e"))
         conn.send(p.Commit(keys=["alpha/doc"], versions=[1], ok=False))  # no reply: dropped
+        # Its own reservation does not let beta place alpha's keys (or beta's keys at
+        # offsets it does not own): the report is dropped, the connection stays in sync.
+        grant = conn.call(p.Reserve(size=64 << 10))
+        assert isinstance(grant, p.Reservation)
+        conn.send(p.PutAt(reservation=grant.reservation, keys=["alpha/doc", "beta/x"],
+                          sizes=[5, 5], checksums=[1, 1], offsets=[0, 1 << 30]))
         listed = conn.call(p.ListKeys(prefix="beta/"))  # still in sync, own keys only
         assert isinstance(listed, p.KeyList)
         assert [o.key for o in listed.objects] == ["beta/doc"]

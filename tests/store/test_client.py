@@ -8,15 +8,21 @@ import pytest
 
 from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
+from kvctl.store.arena import DEFAULT_RESERVE_BYTES
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import ChecksumMismatchError, ObjectNotFoundError
 from tests.store.conftest import Cluster
 
+#: puts placed by the client in its reservation (the default), or all through the master
+PUT_PATHS = pytest.mark.parametrize("reserve_bytes", [DEFAULT_RESERVE_BYTES, 0],
+                                    ids=["reserved", "via-master"])
 
+
+@PUT_PATHS
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_batches_and_zero_copy(cluster: Cluster, transport: str) -> None:
+def test_batches_and_zero_copy(cluster: Cluster, transport: str, reserve_bytes: int) -> None:
     cluster.add_node("a")
-    with StoreClient(cluster.address, transport=transport) as c:
+    with StoreClient(cluster.address, transport=transport, reserve_bytes=reserve_bytes) as c:
         items = [(f"k{i}", os.urandom(1000 * (i + 1))) for i in range(10)]
         assert c.batch_put(items) == [None] * 10
         got = c.batch_get(["k3", "missing", "k9", ""])
@@ -46,10 +52,11 @@ def test_batches_and_zero_copy(cluster: Cluster, transport: str) -> None:
         assert [o.key for o in c.list("k")[0]] == [f"k{i}" for i in range(10)]
 
 
-def test_checksum_mismatch_fails_over_then_errors(cluster: Cluster) -> None:
+@PUT_PATHS
+def test_checksum_mismatch_fails_over_then_errors(cluster: Cluster, reserve_bytes: int) -> None:
     a = cluster.add_node("a")
     b = cluster.add_node("b")
-    with StoreClient(cluster.address, replicas=2) as c:
+    with StoreClient(cluster.address, replicas=2, reserve_bytes=reserve_bytes) as c:
         value = os.urandom(64 * 1024)
         c.put("k", value)
         assert sorted(c.stat("k").replicas) == ["a", "b"]

@@ -30,8 +30,8 @@ def _spy(client: StoreClient) -> list[dict[int, object]]:
     seen: list[dict[int, object]] = []
     real = client._read_guesses
 
-    def spy(guesses: list[tuple[int, object]]) -> dict[int, object]:
-        found = real(guesses)  # type: ignore[arg-type]
+    def spy(guesses: list[tuple[int, object]], dests: object = None) -> dict[int, object]:
+        found = real(guesses, dests)  # type: ignore[arg-type]
         seen.append(dict(found))
         return found  # type: ignore[return-value]
 
@@ -119,6 +119,41 @@ def test_same_bytes_rewritten_is_a_new_version(
         assert isinstance(current, p.GetSlot)
         with mine._where_lock:
             assert mine._where["k"].version == current.version
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_guesses_land_in_caller_buffers(cluster: Cluster,
+                                        tcp_pair: tuple[StoreClient, StoreClient],
+                                        registered: bool) -> None:
+    """batch_get_into reads guesses straight into the caller's buffers (registered: zero
+    copy; otherwise through staging); a stale guess there is overwritten by the current
+    value, a removed key is an error, a too-small buffer is never guessed into."""
+    mine, other = tcp_pair
+    with mine, other:
+        values = {f"k{i}": os.urandom(8192) for i in range(4)}
+        mine.batch_put(list(values.items()))
+        assert mine.exists("k0")  # the commits landed (same connection, in order)
+        new = os.urandom(8192)
+        other.put("k1", new)  # overwritten elsewhere: the guess reads old, intact bytes
+        assert other.remove("k2")  # removed elsewhere
+        arena = bytearray(4 * 8192)
+        if registered:
+            mine.register_buffer(arena)
+        view = memoryview(arena)
+        bufs = [view[i * 8192:(i + 1) * 8192] for i in range(3)] + [bytearray(100)]
+        seen = _spy(mine)
+        got = mine.batch_get_into(list(values), bufs)
+        assert sorted(seen[-1]) == [0, 1, 2]  # read early; k3's buffer is too small
+        assert got[0] == 8192
+        assert bytes(bufs[0]) == values["k0"]
+        assert got[1] == 8192
+        assert bytes(bufs[1]) == new
+        assert isinstance(got[2], ObjectNotFoundError)
+        assert not isinstance(got[3], int)  # too small: an error, not a guess
+        bufs[0][:] = bytes(8192)
+        assert mine.batch_get_into(["k0"], [bufs[0]]) == [8192]
+        assert list(seen[-1]) == [0]
+        assert bytes(bufs[0]) == values["k0"]
 
 
 def test_eviction_is_reported_not_guessed(cluster: Cluster) -> None:
