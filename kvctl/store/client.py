@@ -79,6 +79,10 @@ Buffer = bytes | bytearray | memoryview
 WHERE_ENTRIES = 65536
 #: Largest read started before the master's answer (a wrong guess costs this much traffic).
 EARLY_READ_BYTES = 4 << 20
+#: Largest single write / read made without a batch (TransferEngine.move_direct). Larger
+#: reads go faster as a batch: it slices them over several connections at once.
+DIRECT_WRITE_BYTES = 4 << 20
+DIRECT_READ_BYTES = 1 << 20
 
 
 class _Where:
@@ -298,6 +302,10 @@ class StoreClient:
             copies.append((i, remote, local) if read else (i, local, remote))
         if copies:
             self._copy_inline(copies, sums if read else None, out)
+        if len(rest) == 1 and self._direct(op, reqs[rest[0]], views[rest[0]]):
+            i = rest.pop()
+            if sums is not None and read and checksum(views[i][:reqs[i].length]) != sums[i]:
+                out[i] = MISMATCH
         if rest:
             done = self._engine_move(op, [reqs[i] for i in rest])
             for i, cause in zip(rest, done, strict=True):
@@ -333,6 +341,21 @@ class StoreClient:
             return
         copy_views(copies[:half], sums, out)
         other.result()
+
+    def _direct(self, op: OpCode, req: TransferRequest, view: memoryview) -> bool:
+        """Move one request in this thread without a batch (the engine's tcp fast path);
+        ``False`` when it cannot or failed (the caller then runs it as a batch, which
+        retries on other paths)."""
+        if req.length > (DIRECT_READ_BYTES if op is OpCode.READ else DIRECT_WRITE_BYTES):
+            return False
+        try:
+            self.engine.move_direct(op, req.target_segment, req.target_offset,
+                                    view[:req.length])
+        except KvctlError as exc:
+            _log.debug("direct %s of %s failed (%s); through a batch", op.value,
+                       req.target_segment, exc.cause)
+            return False
+        return True
 
     def _engine_move(self, op: OpCode, reqs: list[TransferRequest]) -> list[str | None]:
         engine = self.engine
@@ -562,6 +585,15 @@ class StoreClient:
         with contextlib.suppress(KvctlError):  # unreachable: each write reports it below
             self._ensure_segments({loc.segment for s in slots if isinstance(s, p.PutSlot)
                                    for loc in s.locations})
+        only = slots[0] if len(slots) == 1 else None
+        if isinstance(only, p.PutSlot) and not only.skip and len(only.locations) == 1 and (
+                only.locations[0].segment not in self._inline):
+            # One value, one replica on another host: straight from the caller's buffer
+            # (no staging copy, no batch); a batch below if that fails.
+            loc, view = only.locations[0], views[start]
+            if view.nbytes > 0 and self._direct(OpCode.WRITE, TransferRequest(
+                    OpCode.WRITE, "", 0, loc.segment, loc.offset, view.nbytes), view):
+                return [(start, only.version)]
         try:
             for j, slot in enumerate(slots):
                 i = start + j
@@ -826,7 +858,10 @@ class StoreClient:
                 placed.append((i, w, dest, stage, temp))
                 reqs.append(TransferRequest(OpCode.READ, local[0], local[1], w.segment,
                                             w.offset, w.size))
-            failures = self._engine_move(OpCode.READ, reqs)
+            if len(reqs) == 1 and self._direct(OpCode.READ, reqs[0], placed[0][2]):
+                failures: list[str | None] = [None]  # one value: no batch
+            else:
+                failures = self._engine_move(OpCode.READ, reqs)
             for (i, w, dest, _, _), cause in zip(placed, failures, strict=True):
                 if cause is None and checksum(dest[:w.size]) == w.checksum:
                     if dests is None:

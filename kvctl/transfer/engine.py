@@ -677,6 +677,35 @@ class TransferEngine:
                 f"{result.first_cause}", "see the cause; engine.status(batch) has details")
         return result
 
+    def move_direct(self, op: OpCode, target_segment: str, target_offset: int,
+                    local: memoryview) -> None:
+        """Move one small request between ``local`` and a segment reached over tcp, in the
+        calling thread: the fast path for a caller that moves one value and waits (a store
+        get or put), without a batch's bookkeeping (about 0.1 ms of Python per request on
+        the test VM, as much as the loopback round trip). ``local`` need not be registered:
+        it is used only during the call. Nothing is retried here: on an error the caller
+        runs the request as a batch, which retries on other paths.
+
+        Raises:
+            UsageError: the target is not reached over tcp, or ``local`` is empty or larger
+                than the tcp transport's inline size.
+            OutOfRangeError: the range is outside the target's buffers.
+            SegmentNotFoundError: the target segment is not published.
+            TransferError: the connection failed or the target refused.
+        """
+        self._check_open()
+        remote = self._remote.get(target_segment) or self._resolve(target_segment)
+        length = local.nbytes
+        if remote.transport != "tcp":
+            raise UsageError(f"segment {target_segment!r} is reached over "
+                             f"{remote.transport}, not tcp", "submit a batch instead")
+        if not 0 < length <= self._tcp.inline_bytes:
+            raise UsageError(f"direct move of {length} bytes (1 to {self._tcp.inline_bytes})",
+                             "submit a batch instead")
+        find_buffer(remote.offsets, remote.lengths, target_offset, length,
+                    segment=target_segment)
+        self._tcp.move_direct(op, remote.info, target_offset, local)
+
     # ------------------------------------------------------------------ notifications
 
     def notify(self, target_segment: str, message: bytes) -> None:

@@ -86,3 +86,30 @@ def test_exists_and_remove_split_batches_above_the_master_limit(cluster: Cluster
         removed = c.batch_remove(keys)
         assert removed == found
         assert c.batch_exists(["present"]) == [False]
+
+
+def test_failed_direct_moves_fall_back_to_batches(cluster: Cluster) -> None:
+    """A single value moves without a batch (TransferEngine.move_direct); when that fails
+    (a cut connection, say), the put or get runs as a batch, which retries."""
+    from kvctl.transfer.batch import OpCode
+    from kvctl.transfer.errors import TransferError
+
+    cluster.add_node("a")
+    with StoreClient(cluster.address, transport="tcp") as c:
+        tried: list[OpCode] = []
+        real = c.engine.move_direct
+
+        def cut(op: OpCode, *args: object) -> None:
+            tried.append(op)
+            raise TransferError("connection cut (injected)", "retry")
+
+        value = os.urandom(50_000)
+        c.put("warm", value)  # direct path works: no fallback needed
+        assert c.get("warm") == value
+        c.engine.move_direct = cut  # type: ignore[method-assign,assignment]
+        c.put("k", value)
+        assert c.get("k") == value
+        assert c.get("warm") == value
+        assert OpCode.WRITE in tried
+        assert OpCode.READ in tried
+        c.engine.move_direct = real  # type: ignore[method-assign]

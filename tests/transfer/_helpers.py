@@ -8,6 +8,8 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 _HEAD = struct.Struct("<QQQ")
 
@@ -115,3 +117,23 @@ class FaultyProxy:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             sock.close()
+
+
+@contextlib.contextmanager
+def behind_proxy(url: str, segment: str = "remote", size: int = 1 << 20, *,
+                 name: str = "t", cut_after: int | None = None,
+                 stall_after: int | None = None, token: str | None = None
+                 ) -> Iterator[tuple[Any, FaultyProxy]]:
+    """A target engine ``name`` serving ``segment`` of ``size`` bytes, reached only through
+    a :class:`FaultyProxy` (it advertises the proxy's address); both closed at the end."""
+    from kvctl.transfer import TransferEngine
+
+    proxy = FaultyProxy(cut_after=cut_after, stall_after=stall_after)
+    try:
+        with TransferEngine(name, url, token=token, advertise=[proxy.address]) as tgt:
+            tgt.register_segment(segment, size)
+            host, _, port = (tgt.address or "").rpartition(":")
+            proxy.upstream = (host, int(port))
+            yield tgt, proxy
+    finally:
+        proxy.close()

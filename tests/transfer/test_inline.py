@@ -9,7 +9,7 @@ import pytest
 
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest, TransferState
 from kvctl.transfer.transports.tcp import TcpTransport
-from tests.transfer._helpers import FaultyProxy, memory_url, pattern
+from tests.transfer._helpers import behind_proxy, memory_url, pattern
 
 SIZE = 1 << 20
 
@@ -102,30 +102,73 @@ def test_concurrent_callers_get_their_own_connections(target: TransferEngine,
 
 
 @pytest.mark.parametrize("mode", ["run", "submit"])
-def test_retries_are_counted_on_the_batch(url: str, mode: str) -> None:
-    proxy = FaultyProxy(cut_after=300_000)  # cuts the first connection mid-payload
-    try:
-        with TransferEngine("t", url, advertise=[proxy.address]) as tgt:
-            tgt.register_segment("remote", SIZE)
-            host, _, port = (tgt.address or "").rpartition(":")
-            proxy.upstream = (host, int(port))
-            with TransferEngine("i", url, transport="tcp", connections_per_peer=2,
-                                slice_bytes=SIZE) as ini:
-                ini.register_segment("local", SIZE)
-                data = pattern(5, 0, 0, SIZE)
-                ini.local_view("local")[:] = data
-                batch = ini.allocate_batch(1)
-                req = [TransferRequest(OpCode.WRITE, "local", 0, "remote", 0, SIZE)]
-                if mode == "run":
-                    result = ini.run(batch, req, timeout_s=20)
-                else:
-                    ini.submit(batch, req)
-                    result = ini.wait(batch, 20)
-                assert result.ok
-                assert result.retries == 1
-                (status,) = ini.status(batch)
-                assert status.state is TransferState.COMPLETED
-                assert proxy.cuts == 1
-                assert bytes(tgt.local_view("remote")) == data
-    finally:
-        proxy.close()
+def test_cut_connection_is_retried_on_another_path_and_counted(url: str, mode: str) -> None:
+    # the proxy cuts the first connection mid-payload
+    with behind_proxy(url, "remote", SIZE, cut_after=300_000) as (tgt, proxy), \
+            TransferEngine("i", url, transport="tcp", connections_per_peer=2,
+                           slice_bytes=SIZE) as ini:
+        ini.register_segment("local", SIZE)
+        data = pattern(5, 0, 0, SIZE)
+        ini.local_view("local")[:] = data
+        batch = ini.allocate_batch(1)
+        req = [TransferRequest(OpCode.WRITE, "local", 0, "remote", 0, SIZE)]
+        if mode == "run":
+            result = ini.run(batch, req, timeout_s=20)
+        else:
+            ini.submit(batch, req)
+            result = ini.wait(batch, 20)
+        assert result.ok
+        assert result.retries == 1
+        (status,) = ini.status(batch)
+        assert status.state is TransferState.COMPLETED
+        if mode == "submit":  # the workers retried it on the path that was not cut
+            assert status.path.endswith("#1")
+        assert proxy.cuts == 1
+        assert bytes(tgt.local_view("remote")) == data
+
+
+def test_move_direct_reads_and_writes_unregistered_buffers(target: TransferEngine,
+                                                          url: str) -> None:
+    """One value, no batch: straight between any buffer and the target, bounds checked
+    before anything is sent, refusals and non-tcp targets reported as errors."""
+    from kvctl.transfer.errors import OutOfRangeError, TransferError, UsageError
+
+    with TransferEngine("i", url, transport="tcp") as ini:
+        data = pattern(6, 0, 0, 65536)
+        ini.move_direct(OpCode.WRITE, "remote", 4096, memoryview(data))
+        assert bytes(target.local_view("remote")[4096:4096 + 65536]) == data
+        back = bytearray(65536)
+        ini.move_direct(OpCode.READ, "remote", 4096, memoryview(back))
+        assert back == data
+        with pytest.raises(OutOfRangeError):
+            ini.move_direct(OpCode.READ, "remote", 8 * SIZE - 10, memoryview(back))
+        with pytest.raises(UsageError):
+            ini.move_direct(OpCode.READ, "remote", 0, memoryview(bytearray(0)))
+        with pytest.raises(UsageError):
+            ini.move_direct(OpCode.READ, "remote", 0, memoryview(bytearray(5 * SIZE)))
+        assert _worker_sockets(ini) == 0
+        # The target unregisters the segment: a refusal, and the connection stays usable.
+        target.register_segment("other", SIZE)
+        ini.move_direct(OpCode.WRITE, "other", 0, memoryview(data))
+        target.unregister_segment("other")
+        with pytest.raises(TransferError):
+            ini.move_direct(OpCode.READ, "other", 0, memoryview(back))
+        ini.move_direct(OpCode.READ, "remote", 4096, memoryview(back))
+        assert back == data
+    with TransferEngine("same-host", url, transport="auto") as local, \
+            pytest.raises(UsageError):  # reached over shm: move_direct is tcp only
+        local.move_direct(OpCode.READ, "remote", 0, memoryview(back))
+
+
+def test_move_direct_failure_leaves_the_path_for_a_batch(url: str) -> None:
+    from kvctl.transfer.errors import TransferError
+
+    # the proxy cuts the first connection mid-payload
+    with behind_proxy(url, "remote", SIZE, cut_after=1000) as (tgt, proxy), \
+            TransferEngine("i", url, transport="tcp", connections_per_peer=1) as ini:
+        data = pattern(7, 0, 0, 65536)
+        with pytest.raises(TransferError):
+            ini.move_direct(OpCode.WRITE, "remote", 0, memoryview(data))
+        assert proxy.cuts == 1
+        ini.move_direct(OpCode.WRITE, "remote", 0, memoryview(data))  # a new connection
+        assert bytes(tgt.local_view("remote")[:65536]) == data

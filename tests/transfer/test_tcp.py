@@ -13,7 +13,7 @@ from kvctl.net.framing import recv_exact
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest, TransferState
 from kvctl.transfer import protocol as p
 from kvctl.transfer.paths import PathHealth, RetryPolicy, slice_ranges
-from tests.transfer._helpers import FaultyProxy, memory_url, pattern
+from tests.transfer._helpers import behind_proxy, memory_url
 
 SIZE = 1 << 20
 
@@ -145,74 +145,37 @@ def test_read_over_the_frame_limit_is_refused(url: str) -> None:
 
 
 def test_token_auth(url: str) -> None:
-    proxy = FaultyProxy()
-    try:
-        with TransferEngine("secure", url, token="s3cret-token",
-                            advertise=[proxy.address]) as tgt:
-            tgt.register_segment("vault", SIZE)
-            host, _, port = (tgt.address or "").rpartition(":")
-            proxy.upstream = (host, int(port))
-            tgt.local_view("vault")[:6] = b"secret"
-            for token, ok, why in [("s3cret-token", True, ""), ("wrong", False, "refused our"),
-                                   (None, False, "requires a token")]:
-                with TransferEngine(f"c{ok}{why[:3]}", url, transport="tcp",
-                                    token=token) as ini:
-                    ini.register_segment("l", 4096)
-                    batch = ini.allocate_batch(1)
-                    ini.submit(batch, [TransferRequest(OpCode.READ, "l", 0, "vault", 0, 6)])
-                    result = ini.wait(batch, 10)
-                    assert result.ok is ok
-                    if ok:
-                        assert bytes(ini.local_view("l")[:6]) == b"secret"
-                    else:
-                        assert why in (result.first_cause or "")
-            assert proxy.connections >= 2
-            assert b"s3cret-token" not in bytes(proxy.captured)  # never sent in clear
-    finally:
-        proxy.close()
-
-
-def test_cut_connection_is_retried_on_another_path(url: str) -> None:
-    proxy = FaultyProxy(cut_after=300_000)  # cuts the first connection mid-payload
-    try:
-        with TransferEngine("t", url, advertise=[proxy.address]) as tgt:
-            tgt.register_segment("remote", SIZE)
-            host, _, port = (tgt.address or "").rpartition(":")
-            proxy.upstream = (host, int(port))
-            with TransferEngine("i", url, transport="tcp", connections_per_peer=2,
-                                slice_bytes=SIZE) as ini:
-                ini.register_segment("local", SIZE)
-                data = pattern(5, 0, 0, SIZE)
-                ini.local_view("local")[:] = data
+    with behind_proxy(url, "vault", SIZE, name="secure", token="s3cret-token") as (tgt, proxy):
+        tgt.local_view("vault")[:6] = b"secret"
+        for token, ok, why in [("s3cret-token", True, ""), ("wrong", False, "refused our"),
+                               (None, False, "requires a token")]:
+            with TransferEngine(f"c{ok}{why[:3]}", url, transport="tcp",
+                                token=token) as ini:
+                ini.register_segment("l", 4096)
                 batch = ini.allocate_batch(1)
-                ini.submit(batch, [TransferRequest(OpCode.WRITE, "local", 0, "remote", 0, SIZE)])
-                assert ini.wait(batch, 20).ok
-                (status,) = ini.status(batch)
-                assert status.path.endswith("#1")  # not the path that was cut
-                assert proxy.cuts == 1
-                assert bytes(tgt.local_view("remote")) == data
-    finally:
-        proxy.close()
+                ini.submit(batch, [TransferRequest(OpCode.READ, "l", 0, "vault", 0, 6)])
+                result = ini.wait(batch, 10)
+                assert result.ok is ok
+                if ok:
+                    assert bytes(ini.local_view("l")[:6]) == b"secret"
+                else:
+                    assert why in (result.first_cause or "")
+        assert proxy.connections >= 2
+        assert b"s3cret-token" not in bytes(proxy.captured)  # never sent in clear
 
 
 def test_stalled_target_times_out_and_nothing_hangs(url: str) -> None:
-    proxy = FaultyProxy(stall_after=p.ANSWER.size)  # handshake passes, then silence
-    try:
-        with TransferEngine("t", url, advertise=[proxy.address]) as tgt:
-            tgt.register_segment("remote", SIZE)
-            host, _, port = (tgt.address or "").rpartition(":")
-            proxy.upstream = (host, int(port))
-            with TransferEngine("i", url, transport="tcp", timeout_s=0.5,
-                                connections_per_peer=1) as ini:
-                ini.register_segment("local", SIZE)
-                batch = ini.allocate_batch(2)
-                ini.submit(batch, [TransferRequest(OpCode.READ, "local", 0, "remote", 0, 64),
-                                   TransferRequest(OpCode.READ, "local", 64, "remote", 64, 64)])
-                result = ini.wait(batch, 10)
-                assert result.timed_out == 2
-                assert {s.state for s in ini.status(batch)} == {TransferState.TIMEOUT}
-    finally:
-        proxy.close()
+    # the handshake passes the proxy, then silence
+    with behind_proxy(url, "remote", SIZE, stall_after=p.ANSWER.size), \
+            TransferEngine("i", url, transport="tcp", timeout_s=0.5,
+                           connections_per_peer=1) as ini:
+        ini.register_segment("local", SIZE)
+        batch = ini.allocate_batch(2)
+        ini.submit(batch, [TransferRequest(OpCode.READ, "local", 0, "remote", 0, 64),
+                           TransferRequest(OpCode.READ, "local", 64, "remote", 64, 64)])
+        result = ini.wait(batch, 10)
+        assert result.timed_out == 2
+        assert {s.state for s in ini.status(batch)} == {TransferState.TIMEOUT}
 
 
 def test_unreachable_target_fails_after_retries(url: str) -> None:

@@ -320,6 +320,51 @@ class _Peer:
             self.health.ok(path.index)
             frame.batch.settle(frame.slots(), path=path.name)
 
+    def move_direct(self, op: OpCode, seg_id: int, offset: int, local: memoryview) -> None:
+        """One request of ``local.nbytes`` bytes between ``local`` and ``offset`` of the
+        target's segment ``seg_id``, in the calling thread on a spare connection (see
+        :meth:`TcpTransport.move_direct`).
+
+        Raises:
+            TransferError: the connection failed (closed here, counted against its path) or
+                the target refused (the connection stays in sync and is kept).
+        """
+        index = self.health.pick()
+        path = self.paths[index]
+        with self._spare_lock:
+            spare = self._spare[index]
+            sock = spare.pop() if spare else None
+        length = local.nbytes
+        try:
+            if sock is None:
+                sock = path.open()
+            tag = next(path.tags) & 0xFFFFFFFF
+            entry = p.ENTRY.pack(seg_id, offset, length)
+            head = bytearray(p.HEADER.size)
+            if op is OpCode.READ:
+                send_views(sock, [p.HEADER.pack(p.FrameType.READ, 0, 0, tag, 1, 0) + entry])
+                payload = self._response(sock, head, tag)
+                if payload != length:
+                    raise FrameError(f"READ reply of {payload} bytes, expected {length}", None)
+                recv_exact_into(sock, local)
+            else:
+                send_views(sock, [p.HEADER.pack(p.FrameType.WRITE, 0, 0, tag, 1, length)
+                                  + entry, local])
+                self._response(sock, head, tag)
+        except _RemoteError:
+            self._keep(index, sock)  # type: ignore[arg-type]  # set: the target answered
+            raise
+        except (OSError, FrameError, AuthError) as exc:
+            if sock is not None:
+                _close(sock)
+            self.transport.health_failed(self, path)
+            reason = getattr(exc, "cause", None) or getattr(exc, "strerror", None) or str(exc)
+            raise TransferError(f"transfer with {self.addresses[0]} failed on path "
+                                f"{path.name}: {reason}",
+                                "retry through a batch (it retries on other paths)") from exc
+        self._keep(index, sock)
+        self.health.ok(index)
+
     def _keep(self, index: int, sock: socket.socket) -> None:
         """Return a spare connection for reuse (at most ``connections_per_peer`` idle per
         path; more, or after close, are closed)."""
@@ -535,6 +580,17 @@ class TcpTransport(Transport):
             return
         for frame in frames:
             peer.dispatch(frame)
+
+    def move_direct(self, op: OpCode, info: SegmentInfo, offset: int, local: memoryview
+                    ) -> None:
+        """Move one request between ``local`` (any contiguous writable or readable buffer)
+        and ``offset`` of the segment ``info`` in the calling thread: one frame on a spare
+        connection, no batch, no retry (the caller retries through a batch).
+
+        Raises:
+            TransferError: as :meth:`_Peer.move_direct`.
+        """
+        self._peer(info).move_direct(op, info.seg_id, offset, local)
 
     def _frames(self, peer: _Peer, batch: Batch, op: OpCode, target: RemoteSegment,
                 items: list[Item]) -> tuple[list[_Frame], int]:
