@@ -431,7 +431,9 @@ class StoreClient:
         keys = [k for k, _ in items]
         wire = [self.namespace + k for k in keys]
         sums = [checksum(v) for v in views]
-        placed = self._arenas.place([v.nbytes for v in views])
+        # One report per call: it must fit one master frame (else: chunks via the master).
+        placed = self._arenas.place([v.nbytes for v in views]) if len(_key_chunks(wire)) == 1 \
+            else None
         if placed is not None:
             done = self._put_placed(keys, wire, views, sums, *placed)
             if done is not None:

@@ -314,6 +314,18 @@ def test_small_puts_skip_the_master_allocation(cluster: Cluster, transport: str)
     assert_no_overlap(cluster.server.core)
 
 
+def test_batches_over_one_report_go_through_the_master(cluster: Cluster) -> None:
+    """A report has no reply, so it must fit one master frame: a batch with more keys than
+    a request may carry is put through the master in chunks instead, nothing dropped."""
+    cluster.add_node("a", capacity_bytes=64 << 20)
+    calls = _count_master_puts(cluster)
+    with StoreClient(cluster.address, transport="tcp") as client:
+        items = [(f"k{i}", b"v%d" % i) for i in range(p.MAX_BATCH + 10)]
+        assert client.batch_put(items) == [None] * len(items)
+        assert calls[0] == 2  # two chunks through the master
+        assert client.batch_get([k for k, _ in items]) == [v for _, v in items]
+
+
 def test_reserve_off_puts_through_the_master(cluster: Cluster) -> None:
     cluster.add_node("a", capacity_bytes=16 << 20)
     calls = _count_master_puts(cluster)

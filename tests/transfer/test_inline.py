@@ -9,7 +9,7 @@ import pytest
 
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest, TransferState
 from kvctl.transfer.transports.tcp import TcpTransport
-from tests.transfer._helpers import behind_proxy, memory_url, pattern
+from tests.transfer._helpers import behind_proxy, memory_url, pattern, wait_until
 
 SIZE = 1 << 20
 
@@ -150,7 +150,8 @@ def test_move_direct_reads_and_writes_unregistered_buffers(target: TransferEngin
         # The target unregisters the segment: a refusal, and the connection stays usable.
         target.register_segment("other", SIZE)
         ini.move_direct(OpCode.WRITE, "other", 0, memoryview(data))
-        target.unregister_segment("other")
+        # The target answers before it lets go of the segment: unregister once it has.
+        wait_until(lambda: _unregistered(target, "other"), what="segment released")
         with pytest.raises(TransferError):
             ini.move_direct(OpCode.READ, "other", 0, memoryview(back))
         ini.move_direct(OpCode.READ, "remote", 4096, memoryview(back))
@@ -158,6 +159,16 @@ def test_move_direct_reads_and_writes_unregistered_buffers(target: TransferEngin
     with TransferEngine("same-host", url, transport="auto") as local, \
             pytest.raises(UsageError):  # reached over shm: move_direct is tcp only
         local.move_direct(OpCode.READ, "remote", 0, memoryview(back))
+
+
+def _unregistered(engine: TransferEngine, name: str) -> bool:
+    from kvctl.transfer.errors import BusyError
+
+    try:
+        engine.unregister_segment(name)
+    except BusyError:
+        return False
+    return True
 
 
 def test_move_direct_failure_leaves_the_path_for_a_batch(url: str) -> None:
