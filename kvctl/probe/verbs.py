@@ -15,6 +15,26 @@ from typing import Any, Protocol
 
 from kvctl.probe.types import Unavailable
 
+
+def import_pyverbs_device() -> ModuleType:
+    """``pyverbs.device``, imported without the side effect of pyverbs configuring the
+    root logger (it calls ``logging.basicConfig(level=INFO)`` on import, which turns on
+    every library's INFO lines in scripts that use kvctl).
+
+    Raises:
+        ImportError: pyverbs is not installed.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        from pyverbs import device as imported
+
+        device: ModuleType = imported
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return device
+
 _log = logging.getLogger("kvctl.probe.verbs")
 
 _HINT = "install rdma-core (libibverbs1, python3-pyverbs) and load the NIC's RDMA driver"
@@ -110,7 +130,7 @@ class PyverbsBackend:
         """See :meth:`VerbsBackend.query`."""
         if self._device is None:
             try:
-                from pyverbs import device as pyverbs_device
+                pyverbs_device = import_pyverbs_device()
             except ImportError as exc:
                 return Unavailable("verbs", f"pyverbs is not importable ({exc})", _HINT)
             self._device = pyverbs_device

@@ -27,13 +27,16 @@ DEFAULT_RESERVE_BYTES = 16 << 20
 #: After a reservation is refused (full, too few nodes), puts go through the master for
 #: this long before the client asks again.
 RETRY_S = 1.0
+#: A put placed in a reservation must have written and be reporting this long before the
+#: master could give the reservation back (its TTL runs from the last report it took).
+SAFETY_S = 2.0
 
 
 class Arena:
     """One granted reservation: where its replicas are and how much is carved."""
 
     __slots__ = ("alignment", "ended", "inflight", "instance", "locations", "messages",
-                 "retired", "rid", "size", "ttl_s", "use_by", "used")
+                 "retired", "rid", "safe_until", "size", "ttl_s", "use_by", "used")
 
     def __init__(self, grant: p.Reservation, instance: str, now: float) -> None:
         self.rid = grant.reservation
@@ -42,15 +45,22 @@ class Arena:
         self.alignment = max(1, grant.alignment)
         self.instance = instance
         self.ttl_s = grant.ttl_s
-        #: carve nothing after this: the master's TTL runs from the last report it got,
-        #: so half of it leaves the last put as long again to write and report.
-        self.use_by = now + grant.ttl_s / 2
+        self.use_by = self.safe_until = 0.0
+        self.reported(now)
         self.used = 0
         self.inflight = 0
         #: PutAt messages sent for this reservation (the end names the total).
         self.messages = 0
         self.retired = False
         self.ended = False
+
+    def reported(self, now: float) -> None:
+        """The grant came, or a report is sent: the master keeps the reservation at least
+        ``ttl_s`` from now. Carve nothing after half of that (leaving a put as long again
+        to write and report), and count a put whose write ends after ``ttl_s - SAFETY_S``
+        as failed (the space may be someone else's by the time its report arrives)."""
+        self.use_by = now + self.ttl_s / 2
+        self.safe_until = now + self.ttl_s - min(SAFETY_S, self.ttl_s / 4)
 
     def _aligned(self, size: int) -> int:
         a = self.alignment
@@ -59,13 +69,12 @@ class Arena:
     def fits(self, sizes: Sequence[int]) -> bool:
         return self.used + sum(self._aligned(s) for s in sizes) <= self.size
 
-    def carve(self, sizes: Sequence[int], now: float) -> list[int]:
+    def carve(self, sizes: Sequence[int]) -> list[int]:
         """Offsets (from the start of each replica's range) for objects of ``sizes``."""
         offsets = []
         for size in sizes:
             offsets.append(self.used)
             self.used += self._aligned(size)
-        self.use_by = now + self.ttl_s / 2
         return offsets
 
 
@@ -96,6 +105,11 @@ class Arenas:
         self._lock = threading.Lock()
         self._current: Arena | None = None
         self._retry_at = 0.0
+        #: a Reserve is on its way (other threads put through the master meanwhile)
+        self._reserving = False
+        #: size of the last grant: a batch larger than that never waits for one
+        self._granted = self.reserve_bytes
+        self._closed = False
 
     def place(self, sizes: Sequence[int]) -> tuple[Arena, list[int]] | None:
         """Carve room for objects of ``sizes`` (all or none), or ``None``: put through the
@@ -104,22 +118,42 @@ class Arenas:
         if not self.reserve_bytes or not sizes or sum(sizes) > self.reserve_bytes // 2:
             return None
         to_end: tuple[Arena, int] | None = None
-        placed: tuple[Arena, list[int]] | None = None
         with self._lock:
             now = self._clock()
             arena = self._current
-            if arena is not None and (now > arena.use_by or not arena.fits(sizes)):
-                to_end = self._retire(arena)
-                arena = None
-            if arena is None and now >= self._retry_at:
-                got = self._reserve(self.reserve_bytes, self.replicas)
-                if got is None:
-                    self._retry_at = now + RETRY_S
-                else:
-                    arena = self._current = Arena(got[0], got[1], now)
-            if arena is not None and arena.fits(sizes):
+            if arena is not None and now <= arena.use_by and arena.fits(sizes):
                 arena.inflight += 1
-                placed = arena, arena.carve(sizes, now)
+                return arena, arena.carve(sizes)
+            if sum(sizes) > self._granted // 2 or self._reserving or now < self._retry_at \
+                    or self._closed:
+                return None  # would never fit / another thread is reserving / refused lately
+            if arena is not None:
+                to_end = self._retire(arena)
+            self._reserving = True
+        try:
+            if to_end is not None:
+                self._end(*to_end)
+            got = self._reserve(self.reserve_bytes, self.replicas)  # not under the lock
+        finally:
+            with self._lock:
+                self._reserving = False
+        with self._lock:
+            now = self._clock()
+            if got is None:
+                self._retry_at = now + RETRY_S
+                return None
+            arena = Arena(got[0], got[1], now)
+            self._granted = arena.size
+            placed = None
+            if self._closed:  # the client closed meanwhile: give it straight back
+                to_end = self._retire(arena)
+            elif arena.fits(sizes):
+                self._current = arena
+                arena.inflight += 1
+                placed = arena, arena.carve(sizes)
+            else:
+                self._current = arena
+                to_end = None
         if to_end is not None:
             self._end(*to_end)
         return placed
@@ -133,11 +167,24 @@ class Arenas:
             arena.inflight -= 1
             if report:
                 arena.messages += 1
+                arena.reported(self._clock())
             if not self._should_end(arena):
                 return None
             if not report:
                 arena.messages += 1
             return arena.messages
+
+    def late(self, arena: Arena) -> bool:
+        """Whether a put placed in ``arena`` that wrote until now must count as failed."""
+        return self._clock() > arena.safe_until
+
+    def retire(self, arena: Arena) -> None:
+        """Place nothing more in ``arena`` (a write to it failed, or ended late); it ends
+        with the report of its last put in flight."""
+        with self._lock:
+            to_end = self._retire(arena)
+        if to_end is not None:
+            self._end(*to_end)
 
     def drop(self, arena: Arena) -> None:
         """Forget ``arena`` without ending it (the master that granted it is gone)."""
@@ -149,6 +196,7 @@ class Arenas:
     def close(self) -> None:
         """Retire the current reservation (ended now, or by its last put in flight)."""
         with self._lock:
+            self._closed = True
             arena, self._current = self._current, None
             to_end = self._retire(arena) if arena is not None else None
         if to_end is not None:

@@ -431,15 +431,31 @@ class StoreClient:
         keys = [k for k, _ in items]
         wire = [self.namespace + k for k in keys]
         sums = [checksum(v) for v in views]
-        # One report per call: it must fit one master frame (else: chunks via the master).
-        placed = self._arenas.place([v.nbytes for v in views]) if len(_key_chunks(wire)) == 1 \
+        placed = self._arenas.place([v.nbytes for v in views]) if self._placeable(wire) \
             else None
-        if placed is not None:
-            done = self._put_placed(keys, wire, views, sums, *placed)
-            if done is not None:
-                return done
-            # the master restarted since it granted the reservation: through it, below
-        out: list[KvctlError | None] = [None] * len(items)
+        out = self._put_placed(keys, wire, views, sums, *placed) if placed else None
+        if out is None:  # no reservation, or the master that granted it is gone
+            return self._put_via_master(keys, wire, views, sums)
+        again = [i for i, err in enumerate(out) if err is not None]
+        if again:  # a replica's node failed, or the write ended too late: through the master
+            redo = self._put_via_master([keys[i] for i in again], [wire[i] for i in again],
+                                        [views[i] for i in again], [sums[i] for i in again])
+            for i, err in zip(again, redo, strict=True):
+                out[i] = err
+        return out
+
+    def _placeable(self, wire: list[str]) -> bool:
+        """Whether a put of these keys may be placed in a reservation: its report gets no
+        reply, so every key must be valid and the report must fit one master message (else
+        the master answers for each key, in chunks)."""
+        if len(wire) > p.MAX_BATCH or any(p.check_key(k) is not None for k in wire):
+            return False
+        return sum(len(k) * 4 + 32 for k in wire) <= self._pool.max_frame_bytes // 2
+
+    def _put_via_master(self, keys: list[str], wire: list[str], views: list[memoryview],
+                        sums: list[int]) -> list[KvctlError | None]:
+        """Allocation by the master, writes, commits (two round trips)."""
+        out: list[KvctlError | None] = [None] * len(keys)
         for start, end in self._chunks([v.nbytes for v in views]):
             reply = self._expect(self._call(p.Put(
                 items=[p.PutItem(wire[i], views[i].nbytes, sums[i]) for i in range(start, end)],
@@ -473,6 +489,15 @@ class StoreClient:
                     self._arenas.done(arena, report=False)
                     return None  # never write into space the new master may hand out
             self._write_slots(keys, views, slots, 0, out)
+            if self._arenas.late(arena):
+                # Written too close to the reservation's end: the report could arrive after
+                # the master took the space back. The caller puts these through the master.
+                for i in range(n):
+                    out[i] = out[i] or StoreUnavailableError(
+                        f"writing {keys[i]!r} into reservation {arena.rid:x} ended too late",
+                        "retry the put (StoreClient does, through the master)")
+            if any(out):
+                self._arenas.retire(arena)  # a node failed, or too slow: reserve anew
             good = [i for i in range(n) if out[i] is None]
             with self._pool.connection() as conn:
                 same = conn.instance == arena.instance

@@ -194,17 +194,6 @@ def _err(code: str, cause: str, hint: str = "") -> p.ErrorInfo:
     return p.ErrorInfo(code=code, cause=cause, hint=hint)
 
 
-def check_key(key: str) -> p.ErrorInfo | None:
-    """An error when ``key`` is empty, too long or not printable; ``None`` when valid."""
-    if not key:
-        return _err("bad_request", "empty key", "give a non-empty key")
-    if len(key.encode("utf-8", "surrogatepass")) > p.MAX_KEY_BYTES:
-        return _err("bad_request", f"key of {len(key)} characters is too long",
-                    f"keep keys under {p.MAX_KEY_BYTES} bytes")
-    if not key.isprintable():
-        return _err("bad_request", f"key {key!r} has unprintable characters",
-                    "use printable keys")
-    return None
 
 
 class MasterCore:
@@ -232,6 +221,9 @@ class MasterCore:
         self._evicted: OrderedDict[str, str] = OrderedDict()
         self._deferred: list[tuple[float, _Node, int, int]] = []
         self._reservations: dict[int, _Reservation] = {}
+        #: node id -> epoch of nodes declared dead: that memory must not come back (clients
+        #: may still write to locations in it), the node registers new memory instead.
+        self._dropped: dict[str, str] = {}
         #: names this run of the master (sent in Hello): reservations die with it.
         self.instance = secrets.token_hex(8)
         self._reports: dict[int, p.TaskReport] = {}
@@ -290,6 +282,10 @@ class MasterCore:
             return _err("bad_request", "node capacity must be positive")
         with self._cond:
             now = self._clock()
+            if self._dropped.get(msg.node_id) == msg.epoch:
+                return _err("node_dropped", f"node {msg.node_id} was declared dead; its "
+                            "memory may still be written by clients holding old locations",
+                            "register again with new memory (a new epoch and segment)")
             old = self._nodes.get(msg.node_id)
             if old is not None and old.epoch == msg.epoch and (
                     old.capacity_bytes == msg.capacity_bytes):
@@ -319,6 +315,9 @@ class MasterCore:
         """Record liveness and task reports; return new tasks (waiting up to ``wait_s``)."""
         with self._cond:
             node = self._nodes.get(msg.node_id)
+            if node is None and self._dropped.get(msg.node_id) == msg.epoch:
+                return _err("node_dropped", f"node {msg.node_id} was declared dead",
+                            "register again with new memory (a new epoch and segment)")
             if node is None or node.epoch != msg.epoch or not node.alive:
                 return _err("unknown_node", f"node {msg.node_id} is not registered",
                             "register again")
@@ -343,6 +342,7 @@ class MasterCore:
             for node in list(self._nodes.values()):
                 if now - node.last_seen > self.config.node_timeout_s:
                     self._drop_node(node, why=f"no heartbeat for {now - node.last_seen:.1f} s")
+                    self._dropped[node.node_id] = node.epoch
             for key, obj in list(self._pending.items()):
                 if obj.pending_until <= now:
                     _log.warning("put of %r was never committed; releasing its space", key)
@@ -410,7 +410,7 @@ class MasterCore:
 
     def _put_one(self, item: p.PutItem, replicas: int, now: float,
                  touched: set[str]) -> p.PutSlot | p.ErrorInfo:
-        bad = check_key(item.key)
+        bad = p.check_key(item.key)
         if bad is not None:
             return bad
         if item.size < 0 or not 0 <= item.checksum < 1 << 64:
@@ -422,8 +422,11 @@ class MasterCore:
         if cur is not None and cur.size == item.size and cur.checksum == item.checksum and (
                 cur.replicas):
             return p.PutSlot(key=item.key, version=cur.version, locations=[], skip=True)
+        if replicas < 1:
+            return _err("bad_request", f"{replicas} replicas asked for {item.key!r}",
+                        "ask for 1 or more replicas")
         live = [n for n in self._nodes.values() if n.alive]
-        if replicas < 1 or replicas > len(live):
+        if replicas > len(live):
             return _err("unavailable",
                         f"{replicas} replica(s) asked for {item.key!r}, "
                         f"{len(live)} live node(s)",
@@ -598,10 +601,10 @@ class MasterCore:
         with self._cond:
             now = self._clock()
             live = [n for n in self._nodes.values() if n.alive]
-            if msg.size <= 0:
-                return _err("bad_request", f"reservation of {msg.size} bytes",
-                            "ask for a positive size")
-            if replicas < 1 or replicas > len(live):
+            if msg.size <= 0 or replicas < 1:
+                return _err("bad_request", f"reservation of {msg.size} bytes on {replicas} "
+                            "replica(s)", "ask for a positive size and 1 or more replicas")
+            if replicas > len(live):
                 return _err("unavailable", f"{replicas} replica(s) asked for a reservation, "
                             f"{len(live)} live node(s)",
                             "start more storage nodes or ask for fewer replicas")
@@ -667,7 +670,7 @@ class MasterCore:
                 n = 0
             for i in range(n):
                 key, size, csum, rel = msg.keys[i], msg.sizes[i], msg.checksums[i], msg.offsets[i]
-                if check_key(key) is not None or size < 0 or not 0 <= csum < 1 << 64:
+                if p.check_key(key) is not None or size < 0 or not 0 <= csum < 1 << 64:
                     _log.warning("put_at of a bad key, size or checksum dropped")
                     continue
                 try:
@@ -704,7 +707,7 @@ class MasterCore:
     def _get_one(self, key: str, lease: bool) -> p.GetSlot | p.ErrorInfo:
         obj = self._objects.get(key)
         if obj is None:
-            bad = check_key(key)
+            bad = p.check_key(key)
             if bad is not None:
                 return bad
         now = self._clock()

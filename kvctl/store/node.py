@@ -27,9 +27,14 @@ from kvctl.store.rpc import MasterConnection
 from kvctl.store.shmmap import SharedMapping
 from kvctl.store.ssd import SsdCorruptError, SsdMissingError, SsdStaleError, SsdTier
 from kvctl.transfer.engine import TransferEngine
+from kvctl.transfer.errors import BusyError
 from kvctl.transfer.segments import SegmentInfo
 
 _log = logging.getLogger("kvctl.store.node")
+
+
+class _DroppedError(StoreUnavailableError):
+    """The master declared this node's memory dead: register new memory instead."""
 
 
 class StorageNode:
@@ -81,13 +86,10 @@ class StorageNode:
         self.engine = TransferEngine(f"store-{self.segment}",
                                      metadata=f"memory://kvctl-store-{self.segment}",
                                      listen=listen, token=token)
+        #: old segments to unregister once no transfer is in flight on them (see _renew)
+        self._retiring: list[str] = []
         try:
-            self.engine.register_segment(self.segment, capacity_bytes, kind="shm")
-            self._info: SegmentInfo = self.engine.lookup(self.segment)
-            # Our own mapping of the segment, pre-faulted in the background: SSD tasks read
-            # and write through it, and no put or get pays a first-touch page fault.
-            self._buffer = SharedMapping(self._info.buffers[0], segment=self.segment,
-                                         populate="write")
+            self._info, self._buffer = self._new_segment()
             self._conn = self._register()
         except BaseException:
             self.engine.close()
@@ -97,12 +99,52 @@ class StorageNode:
                                         daemon=True)
         self._thread.start()
 
+    def _new_segment(self) -> tuple[SegmentInfo, SharedMapping]:
+        """Register ``self.segment`` and map it. Our own mapping is pre-faulted in the
+        background: SSD tasks read and write through it, and no put or get pays a
+        first-touch page fault."""
+        self.engine.register_segment(self.segment, self.capacity_bytes, kind="shm")
+        info = self.engine.lookup(self.segment)
+        return info, SharedMapping(info.buffers[0], segment=self.segment, populate="write")
+
+    def _renew(self) -> None:
+        """The master declared this node dead (it missed heartbeats) and dropped its
+        objects: start again with new memory under a new epoch and segment name, so a
+        client still holding a location in the old segment fails (no such segment)
+        instead of writing into space the master hands out again."""
+        old_segment, old_buffer = self.segment, self._buffer
+        self.epoch = secrets.token_hex(8)
+        self.segment = f"{self.node_id}.{self.epoch[:8]}"
+        self._info, self._buffer = self._new_segment()
+        old_buffer.close()
+        self._retiring.append(old_segment)
+        self._unregister_retired()
+        if self.ssd is not None:
+            self.ssd.clear()  # its objects were dropped with the old memory
+        _log.warning("node %s was declared dead by the master; serving new memory as "
+                     "segment %s", self.node_id, self.segment)
+
+    def _unregister_retired(self) -> None:
+        for name in list(self._retiring):
+            try:
+                self.engine.unregister_segment(name)
+            except BusyError:
+                continue  # a transfer still runs on it: next heartbeat
+            self._retiring.remove(name)
+
     @property
     def endpoint(self) -> str:
         """``host:port`` of the node's data path."""
         return self.engine.address or ""
 
     def _register(self) -> MasterConnection:
+        try:
+            return self._register_once()
+        except _DroppedError:
+            self._renew()
+            return self._register_once()
+
+    def _register_once(self) -> MasterConnection:
         conn = MasterConnection(self.master, token=self._token)
         try:
             reply = conn.call(p.RegisterNode(
@@ -116,6 +158,8 @@ class StorageNode:
             raise
         if isinstance(reply, p.Fail):
             conn.close()
+            if reply.error.code == "node_dropped":
+                raise _DroppedError(reply.error.cause, reply.error.hint or None)
             raise StoreUnavailableError(f"master {self.master} refused node {self.node_id}: "
                                         f"{reply.error.cause}", reply.error.hint or None)
         return conn
@@ -125,6 +169,8 @@ class StorageNode:
         conn: MasterConnection | None = self._conn
         while not self._stop.is_set():
             try:
+                if self._retiring:
+                    self._unregister_retired()
                 if conn is None:
                     conn = self._register()
                     self._conn = conn
@@ -133,9 +179,12 @@ class StorageNode:
                                               reports=reports, wait_s=self._heartbeat_s))
                 reports = []
                 if isinstance(reply, p.Fail):
-                    if reply.error.code == "unknown_node":
+                    if reply.error.code in ("unknown_node", "node_dropped"):
                         conn.close()
                         conn = None
+                        if reply.error.code == "node_dropped":
+                            self._renew()
+                            reports = []  # tasks of the old memory: moot
                         continue
                     _log.warning("master refused heartbeat: %s", reply.error.cause)
                 elif isinstance(reply, p.Tasks):

@@ -384,6 +384,20 @@ Reply = (
 )
 
 
+def check_key(key: str) -> ErrorInfo | None:
+    """An error when ``key`` is empty, too long or not printable; ``None`` when valid (the
+    master's rule, also checked by clients before a message that gets no reply)."""
+    if not key:
+        return ErrorInfo(code="bad_request", cause="empty key", hint="give a non-empty key")
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        return ErrorInfo(code="bad_request", cause=f"key of {len(key)} characters is too long",
+                         hint=f"keep keys under {MAX_KEY_BYTES} bytes")
+    if not key.isprintable():
+        return ErrorInfo(code="bad_request", cause=f"key {key!r} has unprintable characters",
+                         hint="use printable keys")
+    return None
+
+
 class Codec:
     """Frames plus msgspec encoding for one side of a connection (not thread-safe)."""
 

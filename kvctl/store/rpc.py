@@ -6,6 +6,7 @@ import contextlib
 import select
 import socket
 import threading
+import weakref
 from collections.abc import Iterator
 
 import msgspec
@@ -84,12 +85,15 @@ class MasterConnection:
         self.namespace = ""
         #: the master run this connection talks to (see :attr:`protocol.Hello.instance`).
         self.instance = ""
+        #: the largest message the master takes (from its greeting).
+        self.max_frame_bytes = p.DEFAULT_MAX_FRAME_BYTES
         try:
             hello = self._recv()
             if not isinstance(hello, p.Hello):
                 raise ProtocolError(f"store master at {address} did not greet",
                                     "check that the address is a kvctl store master")
             self.instance = hello.instance
+            self.max_frame_bytes = hello.max_frame_bytes
             if hello.version != p.PROTOCOL_VERSION:
                 raise ProtocolError(
                     f"store master at {address} speaks protocol {hello.version}, "
@@ -169,16 +173,21 @@ class MasterConnection:
 
 
 class MasterPool:
-    """Connections to the master shared by threads: each call borrows one.
+    """Connections to the master for a client shared by threads.
 
-    A connection that fails is dropped (the next call opens a new one), and an idle
+    Each thread sends on a connection of its own, so the master takes one thread's
+    requests, commits and put reports in the order the thread sent them, including the
+    messages that get no reply (a thread reads its own writes, and its puts of one key land
+    in order). A nested exchange in the same thread borrows a spare connection. A
+    connection that fails is dropped (the next call opens a new one), and an idle
     connection the master has closed meanwhile (a master restart) is noticed before it is
     used and replaced, so a client outlives a master restart on the same address without
-    a failed call.
+    a failed call. Connections of threads that ended are closed when the next one opens.
 
     Attributes:
         namespace: the namespace the master confined this client's token to (see
             :attr:`MasterConnection.namespace`).
+        max_frame_bytes: the largest message the master takes.
     """
 
     def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0
@@ -186,37 +195,81 @@ class MasterPool:
         self.address = address
         self._token = token
         self._timeout_s = timeout_s
-        self._idle: list[MasterConnection] = []
+        self._spares: list[MasterConnection] = []
+        self._owned: list[tuple[weakref.ref[threading.Thread], MasterConnection]] = []
+        self._mine = threading.local()
         self._lock = threading.Lock()
         self._closed = False
         first = MasterConnection(address, token=token, timeout_s=timeout_s)
         self.namespace = first.namespace
-        self._idle.append(first)
+        self.max_frame_bytes = first.max_frame_bytes
+        self._spares.append(first)
+
+    def _open(self) -> MasterConnection:
+        """A spare connection the master has not closed, else a new one."""
+        while True:
+            with self._lock:
+                conn = self._spares.pop() if self._spares else None
+            if conn is None:
+                return MasterConnection(self.address, token=self._token,
+                                        timeout_s=self._timeout_s)
+            if not conn.stale():
+                return conn
+            conn.close()
+
+    def _own(self) -> MasterConnection:
+        """This thread's connection (opened now if it has none, or its old one went
+        stale)."""
+        conn: MasterConnection | None = getattr(self._mine, "conn", None)
+        if conn is not None and not conn.stale():
+            return conn
+        if conn is not None:
+            conn.close()
+        conn = self._open()
+        self._mine.conn = conn
+        me = threading.current_thread()
+        with self._lock:
+            keep: list[tuple[weakref.ref[threading.Thread], MasterConnection]] = []
+            ended: list[tuple[weakref.ref[threading.Thread], MasterConnection]] = []
+            for ref, c in self._owned:
+                thread = ref()
+                if c is conn or thread is me:
+                    continue  # replaced (its old connection was closed above)
+                (keep if thread is not None and thread.is_alive() else ended).append((ref, c))
+            self._owned = [*keep, (weakref.ref(me), conn)]
+        for _, old in ended:
+            old.close()
+        return conn
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[MasterConnection]:
-        """Borrow a connection for one exchange."""
-        conn = None
-        while conn is None:
-            with self._lock:
-                if not self._idle:
-                    break
-                conn = self._idle.pop()
-            if conn.stale():
+        """Borrow a connection for one exchange: this thread's own, or a spare one when
+        the thread's own is in use (a nested exchange)."""
+        if getattr(self._mine, "busy", False):
+            conn = self._open()
+            try:
+                yield conn
+            except BaseException:
                 conn.close()
-                conn = None
-        if conn is None:
-            conn = MasterConnection(self.address, token=self._token, timeout_s=self._timeout_s)
+                raise
+            with self._lock:
+                if self._closed:
+                    conn.close()
+                else:
+                    self._spares.append(conn)
+            return
+        conn = self._own()
+        self._mine.busy = True
         try:
             yield conn
         except BaseException:
-            conn.close()
+            conn.close()  # maybe out of sync: the thread opens a new one next time
+            self._mine.conn = None
             raise
-        with self._lock:
-            if self._closed:
-                conn.close()
-            else:
-                self._idle.append(conn)
+        finally:
+            self._mine.busy = False
+        if self._closed:
+            conn.close()
 
     def call(self, msg: msgspec.Struct) -> p.Reply:
         """One request/reply on a borrowed connection."""
@@ -224,9 +277,10 @@ class MasterPool:
             return conn.call(msg)
 
     def close(self) -> None:
-        """Close every idle connection (idempotent)."""
+        """Close every connection (idempotent)."""
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
+            conns = self._spares + [c for _, c in self._owned]
+            self._spares, self._owned = [], []
+        for conn in conns:
             conn.close()

@@ -149,8 +149,18 @@ class StoreProc:
         _cleanup_shm(self.pid)
 
     def suspend(self) -> None:
-        """SIGSTOP: the process stalls with its sockets open (a hung peer)."""
+        """SIGSTOP: the process stalls with its sockets open (a hung peer). Returns once
+        the kernel shows it stopped (the signal is delivered asynchronously: on a busy
+        machine the process could otherwise answer a few more requests)."""
         self.proc.send_signal(signal.SIGSTOP)
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            state = stat.read_text().rpartition(")")[2].split()[0]
+            if state in ("T", "t"):
+                return
+            time.sleep(0.005)
+        raise AssertionError(f"process {self.proc.pid} did not stop after SIGSTOP")
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)

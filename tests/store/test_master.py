@@ -245,6 +245,17 @@ def test_bad_keys_are_rejected() -> None:
         slot = core.put(p.Put(items=[p.PutItem(key, 10, 1)]))[0]
         assert isinstance(slot, p.ErrorInfo)
         assert slot.code == "bad_request"
+    # A negative replica count is a bad request, not an unavailable store (0: the default).
+    slot = core.put(p.Put(items=[p.PutItem("k", 10, 1)], replicas=-1))[0]
+    assert isinstance(slot, p.ErrorInfo)
+    assert slot.code == "bad_request"
+    assert isinstance(core.put(p.Put(items=[p.PutItem("k", 10, 1)], replicas=0))[0], p.PutSlot)
+    refused = core.reserve(p.Reserve(size=1 << 16, replicas=-2))
+    assert isinstance(refused, p.ErrorInfo)
+    assert refused.code == "bad_request"
+    empty = core.reserve(p.Reserve(size=0))
+    assert isinstance(empty, p.ErrorInfo)
+    assert empty.code == "bad_request"
 
 
 def test_restart_keeps_objects_and_readopts_node(tmp_path: Path) -> None:

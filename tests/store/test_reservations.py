@@ -397,3 +397,186 @@ def test_master_restart_sends_puts_through_the_new_master() -> None:
             second.close()
         for n in first.nodes.values():
             n.close()
+
+
+# ---------------------------------------------------------------- review findings
+
+
+def test_one_threads_puts_land_in_order_while_others_churn(cluster: Cluster) -> None:
+    """Reports get no reply: a thread's successive puts of one key, and its get right
+    after, must reach the master in order even while other threads use the client (each
+    thread has a connection of its own)."""
+    cluster.add_node("a", capacity_bytes=64 << 20)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    with StoreClient(cluster.address, transport="tcp") as client:
+        def churn(t: int) -> None:
+            try:
+                i = 0
+                while not stop.is_set() and i < 2000:
+                    client.put(f"other{t}/{i % 50}", os.urandom(2048))
+                    client.exists(f"other{t}/{(i * 7) % 50}")
+                    i += 1
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        others = [threading.Thread(target=churn, args=(t,)) for t in range(3)]
+        for th in others:
+            th.start()
+        try:
+            for i in range(150):
+                value = b"%d-" % i + os.urandom(1000)
+                client.put("k", value)
+                assert client.get("k") == value  # its own write, never an older one
+        finally:
+            stop.set()
+            for th in others:
+                th.join()
+        assert not errors
+
+
+def test_pool_gives_each_thread_its_own_connection() -> None:
+    from kvctl.store.rpc import MasterPool
+
+    server = MasterServer(MasterCore())
+    pool = MasterPool(server.address)
+    try:
+        seen: dict[str, object] = {}
+
+        def use(name: str) -> None:
+            with pool.connection() as conn:
+                seen[name] = conn
+                with pool.connection() as nested:  # same thread, in use: a spare one
+                    assert nested is not conn
+                    assert isinstance(nested.call(p.Status()), p.StatusReply)
+            with pool.connection() as again:
+                assert again is seen[name]
+
+        first = threading.Thread(target=use, args=("t1",))
+        first.start()
+        first.join()
+        second = threading.Thread(target=use, args=("t2",))
+        second.start()
+        second.join()
+        assert seen["t1"] is not seen["t2"]
+        with pool.connection() as mine:  # opening this one closes the ended threads'
+            assert mine is not seen["t1"]
+        assert seen["t1"]._sock.fileno() == -1  # type: ignore[attr-defined]
+    finally:
+        pool.close()
+        server.close()
+
+
+def test_bad_keys_are_refused_not_dropped(cluster: Cluster) -> None:
+    """A report gets no reply, so keys the master would refuse are never reported: the put
+    goes through the master, which answers with the error."""
+    from kvctl.store.errors import BadRequestError
+
+    cluster.add_node("a")
+    with StoreClient(cluster.address, transport="tcp") as client:
+        for bad in ("", "tab\there", "x" * 5000):
+            with pytest.raises(BadRequestError):
+                client.put(bad, b"v")
+        client.put("fine", b"v")
+        assert client.get("fine") == b"v"
+
+
+def test_late_write_goes_through_the_master(cluster: Cluster) -> None:
+    """A put whose write ends too close to its reservation's TTL is not reported (the
+    space might be someone else's when the report arrives): it is put through the master,
+    and the reservation is not used again."""
+    cluster.add_node("a", capacity_bytes=64 << 20)
+    calls = _count_master_puts(cluster)
+    with StoreClient(cluster.address, transport="tcp") as client:
+        client.put("warm", b"w" * 100)
+        first = client._arenas._current
+        assert first is not None
+        client._arenas.late = lambda arena: True  # type: ignore[method-assign]
+        client.put("k", b"v" * 3000)
+        assert calls[0] == 1
+        assert client.get("k") == b"v" * 3000
+        assert client._arenas._current is not first
+
+
+def test_failed_replica_write_goes_through_the_master_on_live_nodes(cluster: Cluster) -> None:
+    cluster.add_node("a", capacity_bytes=64 << 20)
+    with StoreClient(cluster.address, transport="tcp") as client:
+        client.put("warm", b"w" * 100)
+        arena = client._arenas._current
+        assert arena is not None
+        cluster.add_node("b", capacity_bytes=64 << 20)
+        cluster.nodes.pop("a").close()  # the reservation's node dies
+        wait_for(lambda: [n.node_id for n in cluster.server.core.status().nodes] == ["b"],
+                 what="node a declared dead")
+        client.put("k", b"v" * 3000)  # the placed write fails: retried through the master
+        assert client.get("k") == b"v" * 3000
+        assert client._arenas._current is not arena
+
+
+def test_batch_larger_than_the_grant_does_not_churn_reservations() -> None:
+    asked: list[int] = []
+
+    def reserve(size: int, replicas: int) -> tuple[p.Reservation, str]:
+        asked.append(size)
+        return _grant(size=4096, rid=len(asked)), "m1"
+
+    arenas = Arenas(16 << 20, 1, reserve, lambda arena, count: None)
+    placed = arenas.place([100])
+    assert placed is not None
+    arenas.done(placed[0], report=True)
+    big = arenas.place([3000])  # fits what is left of the grant
+    assert big is not None
+    assert big[0] is placed[0]
+    # Does not fit any more, and is over half of what the master grants: through the
+    # master, without giving the reservation up and asking for a new one each time.
+    assert arenas.place([3000]) is None
+    assert arenas.place([3000]) is None
+    assert asked == [16 << 20]
+    again = arenas.place([100])
+    assert again is not None
+    assert again[0] is placed[0]
+
+
+def test_reports_extend_the_reservation_carving_does_not() -> None:
+    clock = Clock()
+    arenas = Arenas(8192, 1, lambda size, replicas: (_grant(), "m1"),
+                    lambda arena, count: None, clock=clock)
+    placed = arenas.place([100])
+    assert placed is not None
+    arena = placed[0]
+    clock.now += 10
+    assert arenas.place([100]) is not None  # carving at 10 s does not extend ...
+    assert arena.use_by == 1000.0 + 15
+    arenas.done(arena, report=True)  # ... a report sent at 10 s does
+    assert arena.use_by == 1010.0 + 15
+    assert not arenas.late(arena)
+    clock.now += 28.5  # 28.5 s after that report: within 2 s of the master's TTL
+    assert arenas.late(arena)
+
+
+def test_a_node_declared_dead_comes_back_with_new_memory(cluster: Cluster) -> None:
+    """The master drops a node that missed heartbeats; when it shows up again it must not
+    bring that memory back (clients may still write to locations in it, e.g. their
+    reservations): it registers a new segment under a new epoch, the old one disappears,
+    and a client holding a reservation in the old memory puts through the master."""
+    node = cluster.add_node("a", capacity_bytes=32 << 20)
+    core = cluster.server.core
+    with StoreClient(cluster.address, transport="tcp") as client:
+        client.put("before", b"b" * 3000)
+        old_segment, old_epoch = node.segment, node.epoch
+        with core._cond:  # it missed its heartbeats (the real tick drops it)
+            core._nodes["a"].last_seen -= 100
+        core.tick()
+        refused = core.register_node(p.RegisterNode(
+            node_id="a", epoch=old_epoch, segment=old_segment, endpoint=node.endpoint,
+            host_id="h", capacity_bytes=32 << 20))
+        assert refused is not None
+        assert refused.code == "node_dropped"
+        wait_for(lambda: [(n.node_id, n.alive) for n in core.status().nodes] == [("a", True)],
+                 what="node registered again")
+        assert node.segment != old_segment
+        assert node.epoch != old_epoch
+        wait_for(lambda: not node._retiring, what="old segment unregistered")
+        client.put("after", b"a" * 3000)  # its reservation was in the old memory
+        assert client.get("after") == b"a" * 3000
+        assert not client.exists("before")  # dropped with the old memory

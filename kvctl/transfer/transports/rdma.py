@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvctl.errors import KvctlError, UsageError
+from kvctl.probe.verbs import import_pyverbs_device
 from kvctl.transfer.batch import SETTLE_FAILED, Batch, OpCode
 from kvctl.transfer.errors import TransportUnavailableError
 from kvctl.transfer.paths import PathHealth, RetryPolicy
@@ -48,7 +49,7 @@ _MAX_U24 = (1 << 24) - 1
 def rdma_unavailable_reason(devices: Sequence[str] = ()) -> str | None:
     """Why RDMA cannot be used here, or ``None`` when pyverbs sees the wanted devices."""
     try:
-        from pyverbs import device as verbs_device
+        verbs_device = import_pyverbs_device()
         from pyverbs.pyverbs_error import PyverbsError
     except ImportError as exc:
         return f"pyverbs is not importable ({exc}); {_INSTALL_HINT}"
@@ -135,6 +136,7 @@ class RdmaTransport(Transport):  # pragma: no cover - needs an RDMA device
     def __init__(self, engine: TransferEngine, *, devices: Sequence[str] = (),
                  retry: RetryPolicy | None = None, port: int = 1, gid_index: int = 0,
                  timeout_s: float = 30.0) -> None:
+        import_pyverbs_device()  # first pyverbs import: keeps the root logger as it was
         from pyverbs.cq import CQ
         from pyverbs.device import Context, get_device_list
         from pyverbs.pd import PD

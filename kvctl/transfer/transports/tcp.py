@@ -362,6 +362,10 @@ class _Peer:
             raise TransferError(f"transfer with {self.addresses[0]} failed on path "
                                 f"{path.name}: {reason}",
                                 "retry through a batch (it retries on other paths)") from exc
+        except BaseException:  # anything else (a read-only buffer, an interrupt): the
+            if sock is not None:  # stream may be mid-frame, so the connection goes
+                _close(sock)
+            raise
         self._keep(index, sock)
         self.health.ok(index)
 
