@@ -29,7 +29,6 @@ Absence and failure stay distinct: a missing key raises (or, in batch results, i
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import contextlib
 import logging
 import secrets
@@ -44,6 +43,7 @@ from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
 from kvctl.store.arena import DEFAULT_RESERVE_BYTES, Arena, Arenas
 from kvctl.store.checksum import checksum
+from kvctl.store.datapath import DataPath
 from kvctl.store.errors import (
     BadRequestError,
     ChecksumMismatchError,
@@ -55,20 +55,9 @@ from kvctl.store.errors import (
 )
 from kvctl.store.localcopy import (
     DEFAULT_STAGING_BYTES,
-    MISMATCH,
-    PARALLEL_COPY_BYTES,
-    Copy,
-    Staging,
-    address_of,
-    copy_views,
 )
 from kvctl.store.rpc import MasterPool, error_from
-from kvctl.store.shmmap import SharedMapping
-from kvctl.transfer.admin import segment_key
-from kvctl.transfer.batch import BatchResult, OpCode, TransferRequest
-from kvctl.transfer.engine import TransferEngine
-from kvctl.transfer.errors import TransferTimeoutError
-from kvctl.transfer.segments import find_buffer
+from kvctl.transfer.batch import OpCode, TransferRequest
 
 _log = logging.getLogger("kvctl.store.client")
 
@@ -94,13 +83,6 @@ class _Where:
                  ) -> None:
         self.version, self.checksum, self.size = version, checksum, size
         self.segment, self.offset = segment, offset
-
-
-class _Registered:
-    __slots__ = ("address", "name", "nbytes", "obj")
-
-    def __init__(self, name: str, address: int, nbytes: int, obj: Any) -> None:
-        self.name, self.address, self.nbytes, self.obj = name, address, nbytes, obj
 
 
 class StoreClient:
@@ -137,30 +119,22 @@ class StoreClient:
         self._pool = MasterPool(master, token=token, timeout_s=timeout_s)
         #: key prefix the master confines this client to (a tenant's), else "".
         self.namespace = self._pool.namespace
-        name = f"store-client-{secrets.token_hex(6)}"
-        self.engine = TransferEngine(name, metadata=f"memory://kvctl-{name}",
-                                     transport=transport, token=token, timeout_s=timeout_s)
-        self._known: set[str] = set()
-        self._known_lock = threading.Lock()
-        #: same-host segments mapped for copies in the caller's thread (see _move).
-        self._inline: dict[str, tuple[list[int], list[int], list[SharedMapping]]] = {}
-        self._inline_ok = transport in ("auto", "shm")
-        #: leases to end, sent with the next request (no message of their own).
-        self._releases: list[tuple[str, int]] = []
-        #: where this client last wrote or read each key over the engine (see _early_reads)
-        self._where: collections.OrderedDict[str, _Where] = collections.OrderedDict()
-        self._where_lock = threading.Lock()
-        #: helper thread for large same-host copies (see _copy_inline), started on demand
-        self._copier: concurrent.futures.ThreadPoolExecutor | None = None
-        self._copier_lock = threading.Lock()
-        self._registered: list[_Registered] = []
-        self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         try:
-            self._staging = Staging(self.engine, f"{name}.staging", staging_bytes)
+            self._data = DataPath(f"store-client-{secrets.token_hex(6)}", transport=transport,
+                                  token=token, timeout_s=timeout_s,
+                                  staging_bytes=staging_bytes, nodes=self._nodes)
         except BaseException:
-            self.engine.close()
             self._pool.close()
             raise
+        #: the transfer engine that moves this client's bytes
+        self.engine = self._data.engine
+        #: leases to end, sent with the next request (no message of their own).
+        self._releases: list[tuple[str, int]] = []
+        self._releases_lock = threading.Lock()
+        #: where this client last wrote or read each key over the engine (early reads)
+        self._where: collections.OrderedDict[str, _Where] = collections.OrderedDict()
+        self._where_lock = threading.Lock()
+        self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -173,16 +147,7 @@ class StoreClient:
             self._flush_releases()
         self._arenas.close()
         self._closed = True
-        with self._copier_lock:
-            copier, self._copier = self._copier, None
-        if copier is not None:
-            copier.shutdown(wait=True)
-        for _, _, bufs in self._inline.values():
-            for buf in bufs:
-                buf.close()
-        self._inline.clear()
-        self.engine.close()
-        self._staging.close()
+        self._data.close()
         self._pool.close()
 
     def __enter__(self) -> StoreClient:
@@ -194,23 +159,7 @@ class StoreClient:
     def register_buffer(self, buffer: Any) -> None:
         """Register a writable buffer (bytearray, mmap, numpy array) for zero-copy
         :meth:`get_into`/:meth:`batch_get_into`/:meth:`put_from` on views of it."""
-        view = memoryview(buffer).cast("B")
-        address = address_of(view)
-        if address is None:
-            raise BadRequestError("only writable, non-empty buffers can be registered",
-                                  "pass a bytearray, mmap or numpy array")
-        name = f"{self.engine.name}.user{len(self._registered)}"
-        self.engine.register_memory(name, [buffer])
-        self._registered.append(_Registered(name, address, view.nbytes, buffer))
-
-    def _find_registered(self, view: memoryview) -> tuple[str, int] | None:
-        address = address_of(view)
-        if address is None:
-            return None
-        for reg in self._registered:
-            if reg.address <= address and address + view.nbytes <= reg.address + reg.nbytes:
-                return reg.name, address - reg.address
-        return None
+        self._data.register_buffer(buffer)
 
     # ------------------------------------------------------------------ master calls
 
@@ -227,168 +176,15 @@ class StoreClient:
         raise ProtocolError(f"unexpected {type(reply).__name__} reply from the master",
                             "use the same kvctl version as the master")
 
-    def _ensure_segments(self, names: set[str]) -> None:
-        with self._known_lock:
-            missing = names - self._known
-        if not missing:
-            return
-        reply = self._expect(self._call(p.Nodes()), p.NodesReply)
-        metadata = self.engine.metadata
-        live = {node.segment for node in reply.nodes}
-        with self._known_lock:
-            for node in reply.nodes:
-                if node.segment not in self._known and node.descriptor:
-                    metadata.put(segment_key(self.engine.cluster_id, node.segment),
-                                 node.descriptor)
-                    self._known.add(node.segment)
-                    self._map_inline(node.segment)
-            for gone in [s for s in self._inline if s not in live]:
-                for buf in self._inline.pop(gone)[2]:
-                    buf.close()
-
-    def _map_inline(self, segment: str) -> None:
-        """Map a same-host node segment so small copies skip the engine's worker thread."""
-        if not self._inline_ok:
-            return
-        try:
-            handle = self.engine.open_segment(segment)
-            if handle.transport != "shm" or handle.kind != "shm":
-                return
-            bufs = [SharedMapping(b, segment=segment, populate="read")
-                    for b in handle.buffers]
-        except KvctlError as exc:
-            _log.info("segment %s: no inline mapping (%s); using the engine", segment,
-                      exc.cause)
-            return
-        self._inline[segment] = ([b.offset for b in bufs], [b.length for b in bufs], bufs)
+    def _nodes(self) -> list[p.NodeAddress]:
+        """The live storage nodes (for the data path to learn their segments)."""
+        reply: p.NodesReply = self._expect(self._call(p.Nodes()), p.NodesReply)
+        return reply.nodes
 
     def _take_releases(self) -> tuple[list[str], list[int]]:
-        with self._known_lock:
+        with self._releases_lock:
             pending, self._releases = self._releases, []
         return [k for k, _ in pending], [v for _, v in pending]
-    def _move(self, op: OpCode, reqs: list[TransferRequest], views: list[memoryview],
-              sums: list[int] | None = None) -> list[str | None]:
-        """Run ``reqs`` (local side ``views``); per request ``None`` (done) or the cause.
-
-        Same-host shm segments are copied in this thread through the engine's shared
-        mapping (two thread hand-offs less than a batch on the engine's shm worker); the
-        rest goes through the engine as one batch. With ``sums`` (READs), each request's
-        bytes are verified as soon as they land (while still in cache), and a mismatch is
-        the cause ``checksum mismatch``.
-        """
-        if not reqs:
-            return []
-        try:
-            self._ensure_segments({r.target_segment for r in reqs})
-        except KvctlError as exc:
-            return [exc.cause] * len(reqs)
-        out: list[str | None] = [None] * len(reqs)
-        rest: list[int] = []
-        read = op is OpCode.READ
-        copies: list[Copy] = []
-        for i, req in enumerate(reqs):
-            mapped = self._inline.get(req.target_segment)
-            if mapped is None:
-                rest.append(i)
-                continue
-            try:
-                bi, rel = find_buffer(mapped[0], mapped[1], req.target_offset, req.length,
-                                      segment=req.target_segment)
-            except KvctlError as exc:
-                out[i] = exc.cause
-                continue
-            remote = mapped[2][bi].view[rel:rel + req.length]
-            local = views[i][:req.length]
-            copies.append((i, remote, local) if read else (i, local, remote))
-        if copies:
-            self._copy_inline(copies, sums if read else None, out)
-        if len(rest) == 1 and self._direct(op, reqs[rest[0]], views[rest[0]]):
-            i = rest.pop()
-            if sums is not None and read and checksum(views[i][:reqs[i].length]) != sums[i]:
-                out[i] = MISMATCH
-        if rest:
-            done = self._engine_move(op, [reqs[i] for i in rest])
-            for i, cause in zip(rest, done, strict=True):
-                if cause is None and sums is not None and read and checksum(
-                        views[i][:reqs[i].length]) != sums[i]:
-                    cause = MISMATCH
-                out[i] = cause
-        return out
-
-    def _copy_inline(self, copies: list[Copy], sums: list[int] | None,
-                     out: list[str | None]) -> None:
-        """Copy ``(index, source, destination)`` views, verifying destinations against
-        ``sums`` when given. Large copies use ``ctypes.memmove``, which releases the GIL, so
-        past :data:`PARALLEL_COPY_BYTES` half the copies run on a helper thread at once
-        (one thread copies while the other checksums)."""
-        total = sum(src.nbytes for _, src, _ in copies)
-        if total < PARALLEL_COPY_BYTES or len(copies) < 2:
-            copy_views(copies, sums, out)
-            return
-        half, acc = 0, 0
-        while half < len(copies) - 1 and acc < total // 2:
-            acc += copies[half][1].nbytes
-            half += 1
-        with self._copier_lock:
-            if self._copier is None:
-                self._copier = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="kvctl-store-copy")
-            copier = self._copier
-        try:
-            other = copier.submit(copy_views, copies[half:], sums, out)
-        except RuntimeError:  # shut down by a concurrent close: copy here
-            copy_views(copies, sums, out)
-            return
-        copy_views(copies[:half], sums, out)
-        other.result()
-
-    def _direct(self, op: OpCode, req: TransferRequest, view: memoryview) -> bool:
-        """Move one request in this thread without a batch (the engine's tcp fast path);
-        ``False`` when it cannot or failed (the caller then runs it as a batch, which
-        retries on other paths)."""
-        if req.length > (DIRECT_READ_BYTES if op is OpCode.READ else DIRECT_WRITE_BYTES):
-            return False
-        try:
-            self.engine.move_direct(op, req.target_segment, req.target_offset,
-                                    view[:req.length])
-        except KvctlError as exc:
-            _log.debug("direct %s of %s failed (%s); through a batch", op.value,
-                       req.target_segment, exc.cause)
-            return False
-        return True
-
-    def _engine_move(self, op: OpCode, reqs: list[TransferRequest]) -> list[str | None]:
-        engine = self.engine
-        result: BatchResult | None = None
-        try:
-            batch = engine.allocate_batch(len(reqs))
-            # run = submit + wait; small tcp batches move in this thread (no worker hand-off)
-            result = engine.run(batch, reqs, timeout_s=self.timeout_s)
-        except TransferTimeoutError:
-            pass  # submitted, not settled in time: handled below
-        except KvctlError as exc:
-            if len(reqs) > 1:  # one unreachable target must not fail the others
-                out: list[str | None] = []
-                for r in reqs:
-                    out.extend(self._engine_move(op, [r]))
-                return out
-            return [exc.cause]
-        try:
-            if result is None:
-                # A stalled peer. The engine times a path with no progress out by itself
-                # (after timeout_s) and closes it, so no late byte lands in our buffers;
-                # wait for that once more rather than abandon requests still in flight, and
-                # never redo them one by one (that would multiply the timeout).
-                result = engine.wait(batch, self.timeout_s + 1.0)
-            statuses = None if result.ok else engine.status(batch)
-            engine.free_batch(batch)
-        except KvctlError as exc:
-            return [exc.cause] * len(reqs)
-        if statuses is None:
-            return [None] * len(reqs)
-        return [None if s.state.value == "completed" else (s.cause or s.state.value)
-                for s in statuses]
-
     # ------------------------------------------------------------------ put
 
     def put(self, key: str, value: Buffer) -> None:
@@ -572,7 +368,7 @@ class StoreClient:
 
     def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
         """Split a batch so each chunk fits in half the staging buffer."""
-        limit = max(1, self._staging.capacity_bytes // 2)
+        limit = max(1, self._data.staging.capacity_bytes // 2)
         chunks: list[tuple[int, int]] = []
         start, total = 0, 0
         for i, size in enumerate(sizes):
@@ -610,15 +406,15 @@ class StoreClient:
         temps: list[str] = []
         commits: list[tuple[int, int]] = []  # (item index, version)
         with contextlib.suppress(KvctlError):  # unreachable: each write reports it below
-            self._ensure_segments({loc.segment for s in slots if isinstance(s, p.PutSlot)
+            self._data.ensure_segments({loc.segment for s in slots if isinstance(s, p.PutSlot)
                                    for loc in s.locations})
         only = slots[0] if len(slots) == 1 else None
         if isinstance(only, p.PutSlot) and not only.skip and len(only.locations) == 1 and (
-                only.locations[0].segment not in self._inline):
+                only.locations[0].segment not in self._data.inline):
             # One value, one replica on another host: straight from the caller's buffer
             # (no staging copy, no batch); a batch below if that fails.
             loc, view = only.locations[0], views[start]
-            if view.nbytes > 0 and self._direct(OpCode.WRITE, TransferRequest(
+            if view.nbytes > 0 and self._data.direct(OpCode.WRITE, TransferRequest(
                     OpCode.WRITE, "", 0, loc.segment, loc.offset, view.nbytes), view):
                 return [(start, only.version)]
         try:
@@ -633,41 +429,24 @@ class StoreClient:
                 view = views[i]
                 if view.nbytes == 0:
                     continue
-                inline = all(loc.segment in self._inline for loc in slot.locations)
-                src = ("", 0) if inline else self._source(view, staged, temps)
+                inline = all(loc.segment in self._data.inline for loc in slot.locations)
+                src = ("", 0) if inline else self._data.source(view, staged, temps)
                 for loc in slot.locations:
                     reqs.append(TransferRequest(OpCode.WRITE, src[0], src[1], loc.segment,
                                                 loc.offset, view.nbytes))
                     locals_.append(view)
                     owners.append(i)
-            failures = self._move(OpCode.WRITE, reqs, locals_)
+            failures = self._data.move(OpCode.WRITE, reqs, locals_)
         finally:
-            for offset, size in staged:
-                self._staging.give(offset, size)
+            for stage in staged:
+                self._data.release(stage, None)
             for name in temps:
-                self.engine.unregister_segment(name)
+                self._data.release(None, name)
         for i, cause in zip(owners, failures, strict=True):
             if cause is not None and out[i] is None:
                 out[i] = StoreUnavailableError(f"writing {keys[i]!r} to a node failed: {cause}",
                                                "check the storage nodes (kvctl store status)")
         return commits
-
-    def _source(self, view: memoryview, staged: list[tuple[int, int]], temps: list[str]
-                ) -> tuple[str, int]:
-        reg = self._find_registered(view)
-        if reg is not None:
-            return reg
-        size = view.nbytes
-        if size <= self._staging.capacity_bytes:
-            offset = self._staging.take(size, wait_s=self.timeout_s)
-            if offset is not None:
-                staged.append((offset, size))
-                self._staging.view[offset:offset + size] = view
-                return self._staging.name, offset
-        name = f"{self.engine.name}.tmp{secrets.token_hex(4)}"
-        self.engine.register_memory(name, [bytearray(view)])
-        temps.append(name)
-        return name, 0
 
     # ------------------------------------------------------------------ get
 
@@ -766,14 +545,14 @@ class StoreClient:
             nxt: list[int] = []
             try:
                 with contextlib.suppress(KvctlError):  # unreachable: each read reports it
-                    self._ensure_segments({slots[i].locations[attempt].segment for i in todo})
+                    self._data.ensure_segments({slots[i].locations[attempt].segment for i in todo})
                 for i in todo:
                     slot = slots[i]
                     loc = slot.locations[attempt]
-                    if dests is None and loc.segment in self._inline:
+                    if dests is None and loc.segment in self._data.inline:
                         # Same host, value wanted as bytes: one copy straight out of the
                         # node's pages.
-                        data = self._inline_read(loc)
+                        data = self._data.inline_read(loc)
                         if data is not None and checksum(data) == slot.checksum:
                             out[i] = data
                             continue
@@ -784,13 +563,13 @@ class StoreClient:
                         else:
                             out[i] = self._read_failure(keys[i], slot, causes[i])
                         continue
-                    dest, local, stage, temp = self._dest(
+                    dest, local, stage, temp = self._data.dest(
                         slot.size, dests[i] if dests else None,
-                        inline=loc.segment in self._inline)
+                        inline=loc.segment in self._data.inline)
                     placed.append((i, dest, stage, temp))
                     reqs.append(TransferRequest(OpCode.READ, local[0], local[1], loc.segment,
                                                 loc.offset, slot.size))
-                failures = self._move(OpCode.READ, reqs, [d for _, d, _, _ in placed],
+                failures = self._data.move(OpCode.READ, reqs, [d for _, d, _, _ in placed],
                                       [slots[i].checksum for i, _, _, _ in placed])
                 for (i, dest, _, _), cause in zip(placed, failures, strict=True):
                     slot = slots[i]
@@ -803,7 +582,7 @@ class StoreClient:
                         else:
                             out[i] = bytes(dest[:slot.size])
                         loc = slot.locations[attempt]
-                        if loc.segment not in self._inline:
+                        if loc.segment not in self._data.inline:
                             seen.append((slot.key, _Where(slot.version, slot.checksum,
                                                           slot.size, loc.segment, loc.offset)))
                         continue
@@ -815,16 +594,13 @@ class StoreClient:
                         out[i] = self._read_failure(keys[i], slot, causes[i])
             finally:
                 for _, _, stage, temp in placed:
-                    if stage is not None:
-                        self._staging.give(*stage)
-                    if temp is not None:
-                        self.engine.unregister_segment(temp)
+                    self._data.release(stage, temp)
             todo = nxt
             attempt += 1
         self._remember(seen)
         if self.lease:
             done = [(s.key, s.version) for s in slots.values() if not s.pending]
-            with self._known_lock:
+            with self._releases_lock:
                 self._releases.extend(done)
                 flush = len(self._releases) >= p.MAX_BATCH
             if flush:
@@ -845,8 +621,8 @@ class StoreClient:
                 return out
             for i, key in enumerate(wire):
                 w = where.get(key)
-                if w is not None and w.size <= budget and w.segment not in self._inline \
-                        and w.segment in self._known and (
+                if w is not None and w.size <= budget and w.segment not in self._data.inline \
+                        and w.segment in self._data.known and (
                             dests is None or dests[i].nbytes >= w.size):
                     out.append((i, w))
                     budget -= w.size
@@ -880,15 +656,15 @@ class StoreClient:
         try:
             reqs: list[TransferRequest] = []
             for i, w in guesses:
-                dest, local, stage, temp = self._dest(
+                dest, local, stage, temp = self._data.dest(
                     w.size, dests[i] if dests is not None else None, inline=False)
                 placed.append((i, w, dest, stage, temp))
                 reqs.append(TransferRequest(OpCode.READ, local[0], local[1], w.segment,
                                             w.offset, w.size))
-            if len(reqs) == 1 and self._direct(OpCode.READ, reqs[0], placed[0][2]):
+            if len(reqs) == 1 and self._data.direct(OpCode.READ, reqs[0], placed[0][2]):
                 failures: list[str | None] = [None]  # one value: no batch
             else:
-                failures = self._engine_move(OpCode.READ, reqs)
+                failures = self._data.engine_move(OpCode.READ, reqs)
             for (i, w, dest, _, _), cause in zip(placed, failures, strict=True):
                 if cause is None and checksum(dest[:w.size]) == w.checksum:
                     if dests is None:
@@ -901,46 +677,14 @@ class StoreClient:
             _log.debug("early read failed: %s", exc.cause)
         finally:
             for _, _, _, stage, temp in placed:
-                if stage is not None:
-                    self._staging.give(*stage)
-                if temp is not None:
-                    self.engine.unregister_segment(temp)
+                self._data.release(stage, temp)
         return found
-
-    def _inline_read(self, loc: p.Location) -> bytes | None:
-        mapped = self._inline[loc.segment]
-        try:
-            bi, rel = find_buffer(mapped[0], mapped[1], loc.offset, loc.size,
-                                  segment=loc.segment)
-        except KvctlError:
-            return None
-        return bytes(mapped[2][bi].view[rel:rel + loc.size])
 
     def _flush_releases(self) -> None:
         keys, versions = self._take_releases()
         if keys:
             with self._pool.connection() as conn:
                 conn.send(p.Release(keys=keys, versions=versions))
-
-    def _dest(self, size: int, user: memoryview | None, *, inline: bool
-              ) -> tuple[memoryview, tuple[str, int], tuple[int, int] | None, str | None]:
-        if user is not None:
-            if inline:
-                return user, ("", 0), None, None
-            reg = self._find_registered(user)
-            if reg is not None:
-                return user, reg, None, None
-        elif inline:
-            return memoryview(bytearray(size)), ("", 0), None, None
-        if size <= self._staging.capacity_bytes:
-            offset = self._staging.take(size, wait_s=self.timeout_s)
-            if offset is not None:
-                return (self._staging.view[offset:offset + size],
-                        (self._staging.name, offset), (offset, size), None)
-        buf = bytearray(size)
-        name = f"{self.engine.name}.tmp{secrets.token_hex(4)}"
-        self.engine.register_memory(name, [buf])
-        return memoryview(buf), (name, 0), None, name
 
     def _read_failure(self, key: str, slot: p.GetSlot, causes: list[str]) -> KvctlError:
         if slot.pending:
@@ -987,7 +731,7 @@ class StoreClient:
                 self._where.pop(key, None)
         # End our own finished reads' leases first, so removed objects free their space now
         # rather than when the lease runs out (the release is ordered before the remove).
-        with self._known_lock:
+        with self._releases_lock:
             mine = bool(self._releases)
         if mine:
             self._flush_releases()
