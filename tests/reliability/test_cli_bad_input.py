@@ -348,6 +348,47 @@ def test_junk_in_key_snapshot_files_never_crashes(kvctl: Kvctl, files: dict[str,
 
 
 @pytest.mark.slow
-def test_junk_in_every_snapshot_file_never_crashes(kvctl: Kvctl, files: dict[str, str],
-                                                   tmp_path: Path) -> None:
-    _junk_snapshots(kvctl, files, tmp_path, every_file=True)
+def test_junk_in_every_snapshot_file_never_crashes(files: dict[str, str]) -> None:
+    """Every sysfs file of a snapshot, in turn, replaced by junk. The key files go through
+    the CLI above; here the snapshot is extracted once and the junk written into the tree
+    in place (a tarball rewritten and extracted per file took over 6 minutes), and the
+    same discovery and doctor the CLI runs must give a verdict or a typed error."""
+    import json
+    import tarfile
+
+    from kvctl.errors import KvctlError
+    from kvctl.output import to_jsonable
+    from kvctl.topo.build import discover
+    from kvctl.topo.doctor import run_doctor
+    from kvctl.topo.snapshot import open_snapshot
+
+    src_path = Path(files["tmp"]) / "good-snap.tar.gz"
+    with tarfile.open(src_path) as src:
+        names = [m.name for m in src.getmembers()
+                 if m.isfile() and m.name != "kvctl-snapshot.json"]
+    junk_values = [b"\xff\xfe\x00zz", b"", b"-1\n", b"99999999999999999999999\n",
+                   b"0x\n", b"ACTIVE ACTIVE\n"]
+    verdicts = errors = changed = 0
+    no_hint: list[str] = []
+    with open_snapshot(src_path) as snap:
+        baseline = json.dumps(to_jsonable(run_doctor(
+            discover(snap.reader, snap.nvml, snap.verbs, label="junk"))))
+        for i, name in enumerate(names):
+            path = snap.root / name
+            original = path.read_bytes()
+            path.write_bytes(junk_values[i % len(junk_values)])
+            try:
+                topology = discover(snap.reader, snap.nvml, snap.verbs, label="junk")
+                verdict = json.dumps(to_jsonable(run_doctor(topology)))
+                verdicts += 1
+                changed += verdict != baseline
+            except KvctlError as exc:
+                errors += 1
+                changed += 1
+                if not exc.hint:
+                    no_hint.append(f"{name}: {exc}")
+            finally:
+                path.write_bytes(original)
+    assert verdicts + errors == len(names) > 20
+    assert not no_hint  # every error says what to do
+    assert changed > 5  # the junk was read (the key files change the verdict)
