@@ -409,14 +409,17 @@ class StoreClient:
             self._data.ensure_segments({loc.segment for s in slots if isinstance(s, p.PutSlot)
                                    for loc in s.locations})
         only = slots[0] if len(slots) == 1 else None
+        tried = False  # the direct write below failed: the batch is the fallback
         if isinstance(only, p.PutSlot) and not only.skip and len(only.locations) == 1 and (
                 only.locations[0].segment not in self._data.inline):
             # One value, one replica on another host: straight from the caller's buffer
             # (no staging copy, no batch); a batch below if that fails.
             loc, view = only.locations[0], views[start]
-            if view.nbytes > 0 and self._data.direct(OpCode.WRITE, TransferRequest(
-                    OpCode.WRITE, "", 0, loc.segment, loc.offset, view.nbytes), view):
-                return [(start, only.version)]
+            if view.nbytes > 0:
+                if self._data.direct(OpCode.WRITE, TransferRequest(
+                        OpCode.WRITE, "", 0, loc.segment, loc.offset, view.nbytes), view):
+                    return [(start, only.version)]
+                tried = True
         try:
             for j, slot in enumerate(slots):
                 i = start + j
@@ -436,7 +439,7 @@ class StoreClient:
                                                 loc.offset, view.nbytes))
                     locals_.append(view)
                     owners.append(i)
-            failures = self._data.move(OpCode.WRITE, reqs, locals_)
+            failures = self._data.move(OpCode.WRITE, reqs, locals_, direct=not tried)
         finally:
             for stage in staged:
                 self._data.release(stage, None)

@@ -172,12 +172,14 @@ class DataPath:
         self.inline[segment] = ([b.offset for b in bufs], [b.length for b in bufs], bufs)
 
     def move(self, op: OpCode, reqs: list[TransferRequest], views: list[memoryview],
-              sums: list[int] | None = None) -> list[str | None]:
+              sums: list[int] | None = None, *, direct: bool = True) -> list[str | None]:
         """Run ``reqs`` (local side ``views``); per request ``None`` (done) or the cause.
 
         Same-host shm segments are copied in this thread through the engine's shared
         mapping (two thread hand-offs less than a batch on the engine's shm worker); the
-        rest goes through the engine as one batch. With ``sums`` (READs), each request's
+        rest goes through the engine as one batch, or, when it is a single request (and
+        ``direct``), without a batch (:meth:`direct`, the batch its fallback). With ``sums``
+        (READs), each request's
         bytes are verified as soon as they land (while still in cache), and a mismatch is
         the cause ``checksum mismatch``.
         """
@@ -207,7 +209,7 @@ class DataPath:
             copies.append((i, remote, local) if read else (i, local, remote))
         if copies:
             self._copy_inline(copies, sums if read else None, out)
-        if len(rest) == 1 and self.direct(op, reqs[rest[0]], views[rest[0]]):
+        if direct and len(rest) == 1 and self.direct(op, reqs[rest[0]], views[rest[0]]):
             i = rest.pop()
             if sums is not None and read and checksum(views[i][:reqs[i].length]) != sums[i]:
                 out[i] = MISMATCH

@@ -432,16 +432,8 @@ class MasterCore:
                         f"{len(live)} live node(s)",
                         "start more storage nodes or ask for fewer replicas")
         live.sort(key=lambda n: n.alloc.free_bytes, reverse=True)
-        placed: list[tuple[_Node, int]] = []
-        for node in live:
-            if len(placed) == replicas:
-                break
-            offset = self._allocate(node, item.size, now)
-            if offset is not None:
-                placed.append((node, offset))
-        if len(placed) < replicas:
-            for node, offset in placed:
-                node.alloc.free(offset, item.size)
+        placed = self._place(live, item.size, replicas, now)
+        if placed is None:
             freeing = sum(self._freeing_bytes(n) for n in live)
             if freeing:
                 return _err("busy", f"no room for {item.size} bytes of {item.key!r} yet: "
@@ -457,6 +449,23 @@ class MasterCore:
         touched.update(n.node_id for n, _ in placed)
         return p.PutSlot(key=item.key, version=obj.version, locations=[
             p.Location(n.node_id, n.segment, off, item.size) for n, off in placed])
+
+    def _place(self, nodes: list[_Node], size: int, replicas: int, now: float
+               ) -> list[tuple[_Node, int]] | None:
+        """``size`` bytes on each of ``replicas`` of ``nodes`` (in that order, evicting as
+        needed), as ``(node, offset)``; ``None`` (and nothing held) when fewer fit."""
+        placed: list[tuple[_Node, int]] = []
+        for node in nodes:
+            if len(placed) == replicas:
+                break
+            offset = self._allocate(node, size, now)
+            if offset is not None:
+                placed.append((node, offset))
+        if len(placed) < replicas:
+            for node, offset in placed:
+                node.alloc.free(offset, size)
+            return None
+        return placed
 
     def _freeing_bytes(self, node: _Node) -> int:
         """Bytes of DRAM replicas on ``node`` whose write-back persist will free them."""
@@ -623,15 +632,8 @@ class MasterCore:
                 return _err("full", "no room for a reservation (nodes too small, or their "
                             "share for reservations is taken)",
                             "put through the master (StoreClient does when this fails)")
-            placed: list[tuple[_Node, int]] = []
-            for node in chosen:
-                offset = self._allocate(node, size, now)
-                if offset is None:
-                    break
-                placed.append((node, offset))
-            if len(placed) < replicas:
-                for node, offset in placed:
-                    node.alloc.free(offset, size)
+            placed = self._place(chosen, size, replicas, now)
+            if placed is None:
                 return _err("full", f"no room for a reservation of {size} bytes",
                             "put through the master (StoreClient does when this fails)")
             rid = secrets.randbits(63)  # not guessable, never reused across restarts
