@@ -114,10 +114,19 @@ class RealStore:
         self.client = StoreClient(self.store.address, transport="tcp", timeout_s=20)
         self.trap = ErrorTrap(["kvctl.store.server", "kvctl.store.master",
                                "kvctl.transfer.server"])
+        # Fuzzed node frames include valid WRITEs of up to 16 bytes at offsets 0 and 1 MiB
+        # (anyone may write registered memory when no token is set): the canary must sit
+        # elsewhere, or a legitimate write corrupts it and the get rightly fails.
+        self.client.put("pad", b"p" * 64)
         self.client.put("kept", b"k" * 5000)
         # Pinned: fuzzed puts and reservations may fill the store and evict (as any client
         # may); the canary must only show whether the store still serves.
         self.client.pin("kept")
+        slot = self.store.server.core.get(p.Get(keys=["kept"], lease=False)).slots[0]
+        assert isinstance(slot, p.GetSlot)
+        where = slot.locations[0]
+        assert all(where.offset >= at + 16 or where.offset + where.size <= at
+                   for at in (0, 1 << 20)), where
         host, _, port = self.store.node.endpoint.rpartition(":")
         self.node = (host, int(port))
         host, _, port = self.store.address.rpartition(":")
