@@ -5,7 +5,9 @@ evicted or its space reused while it is read) plus one transfer-engine READ from
 replica; the bytes are verified against the object's xxh3 checksum and, on a transfer
 failure or a mismatch, read from the next replica. A get of a key this client wrote or read
 recently also reads the remembered replica while the master answers (*early read*; the bytes
-count only if they are where the master says and match its checksum).
+count only if they are where the master says and match its checksum). A master that hosts a
+node in its own process (``kvctl store serve``) sends that node's bytes behind its answer
+(*attached bytes*): one round trip, verified the same way.
 
 A small put is placed by the client in space the master reserved for it (see
 :mod:`kvctl.store.arena`): one engine WRITE per replica, then a report
@@ -56,7 +58,7 @@ from kvctl.store.errors import (
 from kvctl.store.localcopy import (
     DEFAULT_STAGING_BYTES,
 )
-from kvctl.store.rpc import MasterPool, error_from
+from kvctl.store.rpc import MasterConnection, MasterPool, error_from
 from kvctl.transfer.batch import OpCode, TransferRequest
 
 _log = logging.getLogger("kvctl.store.client")
@@ -72,6 +74,10 @@ EARLY_READ_BYTES = 4 << 20
 #: reads go faster as a batch: it slices them over several connections at once.
 DIRECT_WRITE_BYTES = 4 << 20
 DIRECT_READ_BYTES = 1 << 20
+#: Most object bytes a get takes attached to the master's reply (node in the master's process).
+ATTACHED_GET_BYTES = 4 << 20
+#: How long a wait for the master's reply polls before it sleeps, microseconds.
+DEFAULT_SPIN_US = 200.0
 
 
 class _Where:
@@ -101,6 +107,12 @@ class StoreClient:
         reserve_bytes: space to reserve for placing small puts here (one round trip per put
             instead of two; see :mod:`kvctl.store.arena`); 0 puts everything through the
             master.
+        attached_bytes: the most object bytes a get takes behind the master's reply when
+            the master hosts a node (``kvctl store serve``); 0 always reads from the node.
+        spin_us: how long a wait for the master's reply polls before the thread sleeps,
+            microseconds. A sleeping thread's wake-up costs up to 100 µs on a virtual
+            machine, most of a loopback round trip; polling costs up to this much CPU per
+            request. 0 never polls.
 
     Raises:
         StoreUnavailableError: the master cannot be reached.
@@ -109,14 +121,19 @@ class StoreClient:
     def __init__(self, master: str, *, token: str | None = None, replicas: int = 1,
                  transport: str = "auto", staging_bytes: int = DEFAULT_STAGING_BYTES,
                  timeout_s: float = 30.0, lease: bool = True,
-                 reserve_bytes: int = DEFAULT_RESERVE_BYTES) -> None:
+                 reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+                 attached_bytes: int = ATTACHED_GET_BYTES,
+                 spin_us: float = DEFAULT_SPIN_US) -> None:
         if replicas < 1:
             raise BadRequestError(f"replicas {replicas} is below 1", "ask for 1 or more")
         self.master = master
         self.replicas = replicas
         self.timeout_s = timeout_s
         self.lease = lease
-        self._pool = MasterPool(master, token=token, timeout_s=timeout_s)
+        #: the most object bytes a get takes behind the master's reply (0: never).
+        self.attached_bytes = max(0, attached_bytes)
+        self._pool = MasterPool(master, token=token, timeout_s=timeout_s,
+                                spin_s=max(0.0, spin_us) / 1e6)
         #: key prefix the master confines this client to (a tenant's), else "".
         self.namespace = self._pool.namespace
         try:
@@ -134,6 +151,8 @@ class StoreClient:
         #: where this client last wrote or read each key over the engine (early reads)
         self._where: collections.OrderedDict[str, _Where] = collections.OrderedDict()
         self._where_lock = threading.Lock()
+        #: segments whose objects the master attaches to its answers (no early read needed)
+        self._attached_segments: frozenset[str] = frozenset()
         self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         self._closed = False
 
@@ -508,37 +527,15 @@ class StoreClient:
         request = p.Get(keys=wire, lease=self.lease, release_keys=rkeys,
                         release_versions=rversions)
         guesses = self._guesses(wire, dests)
-        early: dict[int, tuple[_Where, bytes | int]] = {}
-        if guesses:
-            answer, early = self._get_with_early_reads(request, guesses, dests)
-        else:
-            answer = self._call(request)
-        reply = self._expect(answer, p.GetReply)
-        self._check_slots(reply.slots, wire)
-        out: list[Any] = [None] * len(keys)
-        todo: list[int] = []
-        slots: dict[int, p.GetSlot] = {}
-        for i, slot in enumerate(reply.slots):
-            if isinstance(slot, p.ErrorInfo):
-                out[i] = error_from(slot, key=keys[i])
-            elif dests is not None and dests[i].nbytes < slot.size:
-                out[i] = BadRequestError(f"buffer of {dests[i].nbytes} bytes is too small for "
-                                         f"{keys[i]!r} ({slot.size} bytes)",
-                                         "pass a larger buffer")
-            elif slot.size == 0:
-                out[i] = 0 if dests is not None else b""
-            else:
-                slots[i] = slot
-                got = early.get(i)
-                if got is not None and (got[0].checksum, got[0].size) == (
-                        slot.checksum, slot.size) and any(
-                        (loc.segment, loc.offset) == (got[0].segment, got[0].offset)
-                        for loc in slot.locations):
-                    # Read, before the answer came, from where the master says the current
-                    # version is, and verified against its checksum: the object's bytes.
-                    out[i] = got[1]
-                    continue
-                todo.append(i)
+        stages: list[tuple[int, int]] = []
+        try:
+            answer, early, attached = self._ask(request, guesses, dests, stages)
+            reply = self._expect(answer, p.GetReply)
+            self._check_slots(reply.slots, wire)
+            out, todo, slots = self._answered(keys, dests, reply, early, attached)
+        finally:
+            for room in stages:
+                self._data.staging.give(*room)
         causes: dict[int, list[str]] = {i: [] for i in todo}
         seen: list[tuple[str, _Where]] = []
         attempt = 0
@@ -610,6 +607,47 @@ class StoreClient:
                 self._flush_releases()
         return out
 
+    def _answered(self, keys: list[str], dests: list[memoryview] | None, reply: p.GetReply,
+                  early: dict[int, tuple[_Where, bytes | int]],
+                  attached: dict[int, memoryview]
+                  ) -> tuple[list[Any], list[int], dict[int, p.GetSlot]]:
+        """What the master's answer settles: per key the result where known (an error, an
+        empty value, verified attached or early-read bytes), the indices still to read
+        from a node, and the slot of every key that exists."""
+        out: list[Any] = [None] * len(keys)
+        todo: list[int] = []
+        slots: dict[int, p.GetSlot] = {}
+        for i, slot in enumerate(reply.slots):
+            if isinstance(slot, p.ErrorInfo):
+                out[i] = error_from(slot, key=keys[i])
+            elif dests is not None and dests[i].nbytes < slot.size:
+                out[i] = BadRequestError(f"buffer of {dests[i].nbytes} bytes is too small for "
+                                         f"{keys[i]!r} ({slot.size} bytes)",
+                                         "pass a larger buffer")
+            elif slot.size == 0:
+                out[i] = 0 if dests is not None else b""
+            else:
+                slots[i] = slot
+                sent = attached.get(i)
+                if sent is not None:
+                    if checksum(sent) == slot.checksum:
+                        # The node's bytes, sent by the master behind its answer.
+                        out[i] = slot.size if dests is not None else bytes(sent)
+                        continue
+                    todo.append(i)  # read from the node like any other
+                    continue
+                got = early.get(i)
+                if got is not None and (got[0].checksum, got[0].size) == (
+                        slot.checksum, slot.size) and any(
+                        (loc.segment, loc.offset) == (got[0].segment, got[0].offset)
+                        for loc in slot.locations):
+                    # Read, before the answer came, from where the master says the current
+                    # version is, and verified against its checksum: the object's bytes.
+                    out[i] = got[1]
+                    continue
+                todo.append(i)
+        return out, todo, slots
+
     def _guesses(self, wire: list[str], dests: list[memoryview] | None
                  ) -> list[tuple[int, _Where]]:
         """Keys of a get whose last known replica can be read before the master answers:
@@ -625,29 +663,94 @@ class StoreClient:
             for i, key in enumerate(wire):
                 w = where.get(key)
                 if w is not None and w.size <= budget and w.segment not in self._data.inline \
+                        and w.segment not in self._attached_segments \
                         and w.segment in self._data.known and (
                             dests is None or dests[i].nbytes >= w.size):
                     out.append((i, w))
                     budget -= w.size
         return out
 
-    def _get_with_early_reads(self, request: p.Get, guesses: list[tuple[int, _Where]],
-                              dests: list[memoryview] | None
-                              ) -> tuple[p.Reply, dict[int, tuple[_Where, bytes | int]]]:
-        """Send ``request`` to the master and, while it answers, read the guessed replicas:
-        a get of a key this client recently wrote or read costs one round trip instead of
-        two. A guess only counts when its bytes match its checksum and the master's answer
-        names the same version, size and checksum (the caller checks); anything else (a
-        stale location after eviction, reuse or an overwrite) falls back to the normal
-        read at the master's locations, so wrong bytes are never returned. With ``dests``
-        the guesses land in the caller's buffers (a rejected guess is overwritten by the
-        normal read; a key that turns out missing leaves its buffer unspecified)."""
+    def _ask(self, request: p.Get, guesses: list[tuple[int, _Where]],
+             dests: list[memoryview] | None, stages: list[tuple[int, int]]
+             ) -> tuple[p.Reply, dict[int, tuple[_Where, bytes | int]], dict[int, memoryview]]:
+        """Send ``request`` to the master; the reply, what early reads found, and the bytes
+        the master attached (staging room they took is added to ``stages``).
+
+        *Early reads*: while the master answers, the guessed replicas are read, so a get of
+        a key this client recently wrote or read costs one round trip instead of two. A
+        guess only counts when its bytes match its checksum and the master's answer names
+        the same version, size and checksum (the caller checks); anything else (a stale
+        location after eviction, reuse or an overwrite) falls back to the normal read at the
+        master's locations, so wrong bytes are never returned. With ``dests`` the guesses
+        land in the caller's buffers (a rejected guess is overwritten by the normal read; a
+        key that turns out missing leaves its buffer unspecified).
+
+        *Attached bytes*: a master that hosts a node in its process sends the bytes of objects
+        in that node's memory behind the reply (one round trip, no node read). They land
+        in the caller's buffer when it fits, and are checked like any read (the caller
+        verifies the checksum; a mismatch is read again from the node).
+        """
         if self._closed:
             raise StoreError("store client is closed", "open a new StoreClient")
+        segments = self._attached_segments
         with self._pool.connection() as conn:
+            budget = min(self.attached_bytes, conn.attached_bytes)
+            if budget and segments and all(s in self._data.inline for s in segments):
+                budget = 0  # the master's node memory is mapped here: copying it is faster
+            if budget:
+                request = msgspec.structs.replace(request, attached_bytes=budget)
             conn.send(request)
-            early = self._read_guesses(guesses, dests)
-            return conn.recv(), early
+            early = self._read_guesses(guesses, dests) if guesses else {}
+            reply = conn.recv()
+            attached: dict[int, memoryview] = {}
+            if isinstance(reply, p.GetReply) and reply.attached:
+                # Out of sync if this raises: the pool closes the connection.
+                attached = self._recv_attached(conn, reply, dests, budget, stages)
+        if self._attached_segments is not segments:
+            # New memory of the master's node: map it if it is on this host (then later
+            # gets copy from it instead of taking bytes attached).
+            with contextlib.suppress(KvctlError):
+                self._data.ensure_segments(set(self._attached_segments - segments))
+        return reply, early, attached
+
+    def _recv_attached(self, conn: MasterConnection, reply: p.GetReply,
+                       dests: list[memoryview] | None, budget: int,
+                       stages: list[tuple[int, int]]) -> dict[int, memoryview]:
+        """Receive the bytes behind ``reply`` into the caller's buffers, else staging room
+        (added to ``stages``: the caller gives it back) or new buffers."""
+        out: dict[int, memoryview] = {}
+        total = 0
+        for i in reply.attached:
+            slot = reply.slots[i] if 0 <= i < len(reply.slots) else None
+            if not isinstance(slot, p.GetSlot) or i in out:
+                raise ProtocolError(f"store master at {conn.address} sent bytes for a slot "
+                                    f"that has none ({i})", "use the same kvctl version")
+            total += slot.size
+            if total > budget:
+                raise ProtocolError(f"store master at {conn.address} sent {total} attached "
+                                    f"bytes (asked for at most {budget})",
+                                    "use the same kvctl version")
+            if dests is not None and dests[i].nbytes >= slot.size:
+                out[i] = dests[i][:slot.size]
+                continue
+            # Bytes wanted (or a buffer too small, reported by the caller): the staging
+            # buffer's pages are already mapped; a new buffer of a few MiB costs more in
+            # page faults than the transfer itself.
+            staging = self._data.staging
+            offset = staging.take(slot.size, wait_s=0) if slot.size <= staging.capacity_bytes \
+                else None
+            if offset is None:
+                out[i] = memoryview(bytearray(slot.size))
+            else:
+                stages.append((offset, slot.size))
+                out[i] = staging.view[offset:offset + slot.size]
+            seen = self._attached_segments
+            if any(loc.segment not in seen for loc in slot.locations):
+                with self._where_lock:  # replaced, never changed: readers take no lock
+                    self._attached_segments = self._attached_segments | {
+                        loc.segment for loc in slot.locations}
+        conn.recv_data(list(out.values()))
+        return out
 
     def _read_guesses(self, guesses: list[tuple[int, _Where]],
                       dests: list[memoryview] | None = None

@@ -132,6 +132,8 @@ class EmbeddedStore:
         except BaseException:
             self.server.close()
             raise
+        # The node's memory is in this process: gets can take its bytes with the answer.
+        self.server.serve_local(self.node.hold)
         self._discovery: Path | None = None
         if write_discovery:
             self._write_discovery()

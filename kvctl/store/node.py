@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from kvctl.errors import KvctlError, UsageError
@@ -131,6 +132,13 @@ class StorageNode:
             except BusyError:
                 continue  # a transfer still runs on it: next heartbeat
             self._retiring.remove(name)
+
+    def hold(self, segment: str, offset: int, size: int
+             ) -> tuple[memoryview, Callable[[], None]] | None:
+        """A view of ``size`` bytes at ``offset`` of this node's segment ``segment`` for a
+        server in this process to send (see :meth:`MasterServer.serve_local`), with the
+        release to call once sent; ``None`` when the range is not in this node's memory."""
+        return self.engine.hold_local(segment, offset, size)
 
     @property
     def endpoint(self) -> str:

@@ -15,6 +15,13 @@ nonce, see :mod:`kvctl.net.auth`) and gets :class:`Ok` or :class:`Fail` (then th
 closes). After that each request gets exactly one reply, in order, except requests sent
 of kinds that never get one (:class:`Commit`, :class:`Release`, :class:`PutAt`).
 
+Attached bytes: a master serving a storage node in its own process (``kvctl store serve``)
+says so in :attr:`Hello.attached_bytes`. A :class:`Get` with ``attached_bytes`` set may then
+be answered with the bytes of some objects right behind the :class:`GetReply` frame: raw, in
+the order of :attr:`GetReply.attached`, each exactly its slot's ``size`` bytes, at most the
+smaller of both limits in all. The client checks them against the slot's checksum like
+bytes read from the node (they are the node's bytes; the master's core never reads them).
+
 Limits: a frame over ``max_frame_bytes`` (default 4 MiB) is refused with a ``too_large``
 error reply and the connection is closed; a frame that does not decode gets a
 ``bad_request`` reply and the connection stays usable.
@@ -241,6 +248,8 @@ class Get(Struct, frozen=True, tag="get"):
     lease: bool = True
     release_keys: list[str] = msgspec.field(default_factory=list)
     release_versions: list[int] = msgspec.field(default_factory=list)
+    #: the most object bytes this client takes behind the reply (0: none; see above).
+    attached_bytes: int = 0
 
 
 class Release(Struct, frozen=True, tag="release"):
@@ -321,6 +330,9 @@ class Hello(Struct, frozen=True, tag="hello"):
     nonce: bytes
     max_frame_bytes: int
     instance: str = ""
+    #: the most object bytes this master sends behind one :class:`GetReply` (0: it hosts
+    #: no node, so never).
+    attached_bytes: int = 0
 
 
 class Ok(Struct, frozen=True, tag="ok"):
@@ -351,6 +363,8 @@ class Reservation(Struct, frozen=True, tag="reserve_r"):
 
 class GetReply(Struct, frozen=True, tag="get_r"):
     slots: list[GetSlot | ErrorInfo]
+    #: indices of the slots whose bytes follow this frame, in that order.
+    attached: list[int] = msgspec.field(default_factory=list)
 
 
 class Bools(Struct, frozen=True, tag="bools"):

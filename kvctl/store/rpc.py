@@ -7,14 +7,14 @@ import select
 import socket
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
 from kvctl.errors import KvctlError
 from kvctl.net import auth
 from kvctl.net.bind import parse_listen
-from kvctl.net.framing import ConnectionClosedError, FrameError
+from kvctl.net.framing import ConnectionClosedError, FrameError, FrameReader, set_io_timeouts
 from kvctl.store import protocol as p
 from kvctl.store.errors import (
     BadRequestError,
@@ -66,9 +66,10 @@ class MasterConnection:
         StoreAuthError: the master refused the token.
     """
 
-    def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0
-                 ) -> None:
+    def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0,
+                 spin_s: float = 0.0) -> None:
         self.address = address
+        self.timeout_s = timeout_s
         host, port = parse_listen(address)
         if port == 0:
             raise BadRequestError(f"store master address {address!r} has no port",
@@ -79,14 +80,17 @@ class MasterConnection:
             raise StoreUnavailableError(
                 f"cannot reach the store master at {address}: {exc.strerror or exc}",
                 "start one with 'kvctl store serve' or pass --master HOST:PORT") from exc
-        self._sock.settimeout(timeout_s)
+        set_io_timeouts(self._sock, timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._codec = p.Codec()
+        self._reader = FrameReader(self._sock, self._codec.frames, spin_s=spin_s)
         self.namespace = ""
         #: the master run this connection talks to (see :attr:`protocol.Hello.instance`).
         self.instance = ""
         #: the largest message the master takes (from its greeting).
         self.max_frame_bytes = p.DEFAULT_MAX_FRAME_BYTES
+        #: the most object bytes the master sends behind a get reply (0: never).
+        self.attached_bytes = 0
         try:
             hello = self._recv()
             if not isinstance(hello, p.Hello):
@@ -94,6 +98,7 @@ class MasterConnection:
                                     "check that the address is a kvctl store master")
             self.instance = hello.instance
             self.max_frame_bytes = hello.max_frame_bytes
+            self.attached_bytes = max(0, hello.attached_bytes)
             if hello.version != p.PROTOCOL_VERSION:
                 raise ProtocolError(
                     f"store master at {address} speaks protocol {hello.version}, "
@@ -115,7 +120,7 @@ class MasterConnection:
 
     def _recv(self) -> p.Reply:
         try:
-            frame = self._codec.frames.recv(self._sock)
+            frame = self._reader.recv()
             return self._codec.decode_reply(frame.payload)
         except ConnectionClosedError as exc:
             raise StoreUnavailableError(f"store master at {self.address} closed the "
@@ -127,8 +132,13 @@ class MasterConnection:
             raise ProtocolError(f"malformed reply from store master at {self.address}: {exc}",
                                 "use the same kvctl version as the master") from exc
         except OSError as exc:
-            raise StoreUnavailableError(f"store master at {self.address} did not answer: "
-                                        f"{exc.strerror or exc}", "check the master") from exc
+            raise self._unavailable("did not answer", exc) from exc
+
+    def _unavailable(self, what: str, exc: OSError) -> StoreUnavailableError:
+        why = (f"within {self.timeout_s:g} s" if isinstance(exc, BlockingIOError | TimeoutError)
+               else f"({exc.strerror or exc})")
+        return StoreUnavailableError(f"store master at {self.address} {what} {why}",
+                                     "check the master (kvctl store status)")
 
     def call(self, msg: msgspec.Struct) -> p.Reply:
         """Send a request and return its reply (a :class:`~kvctl.store.protocol.Fail` stays a
@@ -141,13 +151,23 @@ class MasterConnection:
         caller can do other work, e.g. a speculative read, while the master answers)."""
         return self._recv()
 
+    def recv_data(self, views: Sequence[memoryview]) -> None:
+        """Fill ``views`` with the object bytes the master sent behind a get reply (see
+        `kvctl.store.protocol`, attached bytes)."""
+        try:
+            self._reader.recv_into_views(views)
+        except ConnectionClosedError as exc:
+            raise StoreUnavailableError(f"store master at {self.address} closed the "
+                                        "connection", "check the master is running") from exc
+        except OSError as exc:
+            raise self._unavailable("did not send the object bytes", exc) from exc
+
     def send(self, msg: msgspec.Struct) -> None:
         """Send a request that gets no reply (commits), or whose reply :meth:`recv` takes."""
         try:
             self._sock.sendall(self._codec.encode(msg))
         except OSError as exc:
-            raise StoreUnavailableError(f"cannot send to the store master at {self.address}: "
-                                        f"{exc.strerror or exc}", "check the master") from exc
+            raise self._unavailable("took no request", exc) from exc
 
     def stale(self) -> bool:
         """Whether the connection is unusable before a request is sent: the master closed
@@ -159,7 +179,7 @@ class MasterConnection:
             return True  # closed socket
         # Nothing readable: the normal idle state. Readable with no request out: EOF (the
         # master closed it), a reset, or stray bytes; either way not usable.
-        return bool(readable)
+        return bool(readable) or self._reader.buffered > 0
 
     def interrupt(self) -> None:
         """Wake a thread blocked on this connection (it then sees it closed)."""
@@ -190,17 +210,18 @@ class MasterPool:
         max_frame_bytes: the largest message the master takes.
     """
 
-    def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0
-                 ) -> None:
+    def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0,
+                 spin_s: float = 0.0) -> None:
         self.address = address
         self._token = token
         self._timeout_s = timeout_s
+        self._spin_s = spin_s
         self._spares: list[MasterConnection] = []
         self._owned: list[tuple[weakref.ref[threading.Thread], MasterConnection]] = []
         self._mine = threading.local()
         self._lock = threading.Lock()
         self._closed = False
-        first = MasterConnection(address, token=token, timeout_s=timeout_s)
+        first = MasterConnection(address, token=token, timeout_s=timeout_s, spin_s=spin_s)
         self.namespace = first.namespace
         self.max_frame_bytes = first.max_frame_bytes
         self._spares.append(first)
@@ -212,7 +233,7 @@ class MasterPool:
                 conn = self._spares.pop() if self._spares else None
             if conn is None:
                 return MasterConnection(self.address, token=self._token,
-                                        timeout_s=self._timeout_s)
+                                        timeout_s=self._timeout_s, spin_s=self._spin_s)
             if not conn.stale():
                 return conn
             conn.close()

@@ -6,6 +6,9 @@ connections a store has (clients pool theirs, nodes hold one each). A connection
 a bad frame gets an error reply; an oversized or garbled frame also ends that connection;
 every other connection keeps being served.
 
+When a storage node runs in the same process (``kvctl store serve``), a get may be answered
+with the object bytes behind the reply (:meth:`MasterServer.serve_local`).
+
 With tenants (:mod:`kvctl.store.tenants`) each connection carries the namespace its login
 proved; every key it names is checked against it, and a key outside gets a ``forbidden``
 reply (requests without a reply, commits and releases, drop such keys and log it).
@@ -18,13 +21,14 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
 
 from kvctl.net import auth
 from kvctl.net.bind import announce_bind
-from kvctl.net.framing import ConnectionClosedError, FrameError
+from kvctl.net.framing import ConnectionClosedError, FrameError, FrameReader, send_views
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterCore
@@ -37,6 +41,12 @@ _log = logging.getLogger("kvctl.store.server")
 
 #: Seconds between housekeeping passes (dead nodes, expired puts, deferred frees).
 TICK_S = 0.1
+#: Default most object bytes behind one get reply when a node is hosted in-process.
+DEFAULT_ATTACHED_BYTES = 4 << 20
+
+#: Lends a view of a range of in-process node memory: (segment, offset, size) →
+#: (view, release) or ``None``.
+HoldLocal = Callable[[str, int, int], "tuple[memoryview, Callable[[], None]] | None"]
 
 
 class MasterServer:
@@ -74,6 +84,9 @@ class MasterServer:
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._hold: HoldLocal | None = None
+        #: the most object bytes sent behind one get reply (0 until :meth:`serve_local`).
+        self.attached_bytes = 0
         try:
             self._sock = socket.create_server((host, port), backlog=128, reuse_port=False)
         except OSError as exc:
@@ -93,6 +106,24 @@ class MasterServer:
     def address(self) -> str:
         """``host:port`` clients and nodes connect to."""
         return f"{self.host}:{self.port}"
+
+    def serve_local(self, hold: HoldLocal, attached_bytes: int = DEFAULT_ATTACHED_BYTES) -> None:
+        """Answer gets with the bytes of objects in memory of this process (a storage node
+        hosted here, as in ``kvctl store serve``), right behind the reply: such a get costs
+        the client one round trip instead of a master round trip plus a node read.
+
+        The core still never reads object bytes: ``hold`` (the node's) lends a view of its
+        registered memory, bounds-checked, and the segment stays registered until the
+        bytes are sent. The client verifies them against the checksum in the reply.
+        Connections opened from now on are told (:attr:`protocol.Hello.attached_bytes`).
+
+        Args:
+            hold: (segment, offset, size) → (view, release), or ``None`` when that range is
+                not in memory here.
+            attached_bytes: the most object bytes behind one reply.
+        """
+        self._hold = hold
+        self.attached_bytes = max(0, attached_bytes)
 
     def _tick_loop(self) -> None:
         while not self._stop.wait(TICK_S):
@@ -125,10 +156,11 @@ class MasterServer:
 
     def _serve(self, conn: socket.socket) -> None:
         codec = p.Codec(max_frame_bytes=self._max_frame)
+        reader = FrameReader(conn, codec.frames)
         try:
-            namespace = self._handshake(conn, codec)
+            namespace = self._handshake(conn, codec, reader)
             if namespace is not None:
-                self._loop(conn, codec, namespace)
+                self._loop(conn, codec, reader, namespace)
         except (OSError, ConnectionClosedError):
             pass
         except FrameError as exc:  # a garbled or oversized login frame: drop this client
@@ -138,16 +170,18 @@ class MasterServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def _handshake(self, conn: socket.socket, codec: p.Codec) -> str | None:
+    def _handshake(self, conn: socket.socket, codec: p.Codec, reader: FrameReader
+                   ) -> str | None:
         """Greet and authenticate; the connection's namespace (``""``: everything), or
         ``None`` when the login failed."""
         nonce = auth.new_nonce() if self._token else b""
         codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=self._token is not None,
                                  nonce=nonce, max_frame_bytes=self._max_frame,
-                                 instance=self.core.instance))
+                                 instance=self.core.instance,
+                                 attached_bytes=self.attached_bytes if self._hold else 0))
         if self._token is None:
             return ""
-        frame = codec.frames.recv(conn)
+        frame = reader.recv()
         try:
             msg = codec.decode_request(frame.payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -163,10 +197,11 @@ class MasterServer:
             hint="set the same token (KVCTL_TOKEN or --token) on clients, nodes and master")))
         return None
 
-    def _loop(self, conn: socket.socket, codec: p.Codec, namespace: str) -> None:
+    def _loop(self, conn: socket.socket, codec: p.Codec, reader: FrameReader, namespace: str
+              ) -> None:
         while True:
             try:
-                frame = codec.frames.recv(conn)
+                frame = reader.recv()
             except ConnectionClosedError:
                 return
             except FrameError as exc:
@@ -201,8 +236,38 @@ class MasterServer:
                 outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
                 self.metrics.record(_op_name(msg), time.perf_counter() - started,
                                     outcome, bytes_in=len(frame.payload))
-            if reply is not None:
+            if isinstance(reply, p.GetReply) and isinstance(msg, p.Get) and msg.attached_bytes:
+                self._send_attached(conn, codec, reply, msg.attached_bytes)
+            elif reply is not None:
                 codec.send(conn, reply)
+
+    def _send_attached(self, conn: socket.socket, codec: p.Codec, reply: p.GetReply,
+                     wanted: int) -> None:
+        """Send ``reply`` with the bytes of the objects that have a replica in memory here
+        behind it (smallest limit of the client's and ours; see :meth:`serve_local`)."""
+        hold = self._hold
+        budget = min(wanted, self.attached_bytes)
+        held: list[tuple[memoryview, Callable[[], None]]] = []
+        attached: list[int] = []
+        try:
+            if hold is not None:
+                for i, slot in enumerate(reply.slots):
+                    if not isinstance(slot, p.GetSlot) or slot.pending or \
+                            not 0 < slot.size <= budget:
+                        continue
+                    for loc in slot.locations:
+                        got = hold(loc.segment, loc.offset, slot.size)
+                        if got is not None:
+                            held.append(got)
+                            attached.append(i)
+                            budget -= slot.size
+                            break
+            if attached:
+                reply = msgspec.structs.replace(reply, attached=attached)
+            send_views(conn, [codec.encode(reply), *(view for view, _ in held)])
+        finally:
+            for _, release in held:
+                release()
 
     def _scoped(self, msg: p.Request, namespace: str) -> p.Reply | None:
         """Dispatch ``msg`` if every key it names is inside ``namespace``."""

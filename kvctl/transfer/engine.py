@@ -37,6 +37,7 @@ from kvctl.transfer.admin import list_segments, lookup_segment, segment_key
 from kvctl.transfer.batch import Batch, BatchResult, OpCode, RequestStatus, TransferRequest
 from kvctl.transfer.errors import (
     BusyError,
+    OutOfRangeError,
     SegmentNotFoundError,
     TransferError,
     TransferFailedError,
@@ -407,6 +408,33 @@ class TransferEngine:
             raise UsageError(f"segment {name!r} is {seg.kind} memory, not addressable here",
                              "move bytes with transfers, or use a shm/host segment")
         return view
+
+    def hold_local(self, name: str, offset: int, length: int
+                   ) -> tuple[memoryview, Callable[[], None]] | None:
+        """A view of ``length`` bytes at ``offset`` of local segment ``name``, counted as a
+        transfer in flight (the segment cannot be unregistered) until the returned release
+        is called; for serving this memory in-process, as the target server does over
+        the wire.
+
+        ``None`` when the segment is not registered here (or is being removed), the range
+        is not inside one of its buffers, or that buffer is not directly addressable.
+        """
+        seg = self._segments.get(name)
+        if seg is None:
+            return None
+        seg.acquire()
+        try:
+            if not seg.closed:
+                buf, rel = seg.locate(offset, length)
+                if buf.view is not None:
+                    return buf.view[rel:rel + length], seg.release
+        except OutOfRangeError:
+            pass
+        except BaseException:
+            seg.release()
+            raise
+        seg.release()
+        return None
 
     def local_segments(self) -> list[SegmentHandle]:
         """Segments registered in this engine."""

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 from collections.abc import Iterator
 
 import msgspec
 import pytest
 
 from kvctl.store import protocol as p
-from kvctl.store.errors import StoreAuthError
+from kvctl.store.errors import StoreAuthError, StoreUnavailableError
 from kvctl.store.master import MasterCore
 from kvctl.store.rpc import MasterConnection
 from kvctl.store.server import MasterServer
@@ -113,3 +114,30 @@ def test_token_auth() -> None:
         assert isinstance(refused, p.Fail)
         assert refused.error.code == "unauthorized"
         sock.close()
+
+
+def test_silent_master_times_out_with_a_clear_error() -> None:
+    """A master that greets and then never answers: the wait ends at the timeout (kernel
+    timeouts, even while polling first) with an error that says so."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        held.append(conn)
+        p.Codec().send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=False, nonce=b"",
+                                     max_frame_bytes=p.DEFAULT_MAX_FRAME_BYTES))
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        conn = MasterConnection(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.3,
+                                spin_s=0.001)
+        t.join()
+        with pytest.raises(StoreUnavailableError, match=r"did not answer within 0\.3 s"):
+            conn.call(p.Exists(keys=["k"]))
+        conn.close()
+    finally:
+        listener.close()
+        for c in held:
+            c.close()

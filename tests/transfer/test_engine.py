@@ -289,3 +289,23 @@ def test_close_leaves_no_threads_behind(url: str) -> None:
     leftover = [t.name for t in threading.enumerate()
                 if t.ident not in before and t.is_alive()]
     assert leftover == []
+
+
+def test_hold_local_is_bounded_and_counted() -> None:
+    """hold_local lends a view only inside a registered buffer, counts it as in flight
+    (the segment cannot be unregistered meanwhile), and refuses anything else."""
+    with TransferEngine("holder", memory_url()) as eng:
+        eng.register_segment("seg", 1 << 20, kind="shm")
+        eng.local_view("seg")[100:104] = b"abcd"
+        got = eng.hold_local("seg", 100, 4)
+        assert got is not None
+        view, release = got
+        assert bytes(view) == b"abcd"
+        with pytest.raises(BusyError):
+            eng.unregister_segment("seg")
+        release()
+        for name, offset, size in (("seg", (1 << 20) - 3, 4), ("seg", 1 << 20, 1),
+                                   ("seg", -1, 4), ("nope", 0, 4)):
+            assert eng.hold_local(name, offset, size) is None
+        eng.unregister_segment("seg")  # nothing left held
+        assert eng.hold_local("seg", 0, 4) is None

@@ -43,6 +43,7 @@ from kvctl.net.framing import (
     recv_exact_into,
     recv_into_views,
     send_views,
+    set_io_timeouts,
 )
 from kvctl.transfer import protocol as p
 from kvctl.transfer.batch import SETTLE_FAILED, SETTLE_TIMEOUT, Batch, OpCode
@@ -83,11 +84,6 @@ class _Frame:
         return [piece[0] for piece in self.pieces]
 
 
-def _timeval(seconds: float) -> bytes:
-    whole = int(seconds)
-    return struct.pack("@ll", whole, int((seconds - whole) * 1e6))
-
-
 def open_connection(host: str, port: int, *, token: str | None, local_address: str | None,
                     connect_timeout_s: float, timeout_s: float) -> socket.socket:
     """Connect, run the handshake and return a blocking socket with I/O timeouts set.
@@ -119,10 +115,7 @@ def open_connection(host: str, port: int, *, token: str | None, local_address: s
         if code != p.Verdict.OK:
             raise FrameError(f"target {host}:{port} refused protocol version {p.VERSION}",
                              "run the same kvctl version on both ends")
-        sock.settimeout(None)
-        tv = _timeval(timeout_s)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+        set_io_timeouts(sock, timeout_s)
     except BaseException:
         sock.close()
         raise
