@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 from kvctl.errors import KvctlError
 
+#: After this many polls in a row miss, a reader polls once every 2**this waits.
+SPIN_BACKOFF_MAX = 6
 #: Most buffers one ``sendmsg``/``recvmsg_into`` call accepts on Linux.
 IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
@@ -219,6 +221,8 @@ class FrameReader:
         self._codec = codec
         #: how long a read polls without sleeping before it blocks (see :meth:`_recv_some`).
         self.spin_s = spin_s
+        self._misses = 0  # polls in a row that ended without data
+        self._skip = 0  # waits left that block at once (back-off after a miss)
         self._buf = bytearray(max(buffer_bytes, codec.header_bytes))
         self._view = memoryview(self._buf)
         self._start = 0
@@ -251,17 +255,29 @@ class FrameReader:
         A thread that blocks in ``recv`` is put to sleep and woken when the bytes arrive;
         on a virtual machine that wake-up alone can cost 100 µs, most of a loopback round
         trip. Polling for a reply expected within microseconds skips it (it burns up to
-        ``spin_s`` of CPU per wait). The socket must be blocking (see
-        :func:`set_io_timeouts`).
+        ``spin_s`` of CPU per wait); polls that keep missing back off exponentially, so a
+        slow peer or a crowded machine is not made slower by it. The socket must be
+        blocking (see :func:`set_io_timeouts`).
         """
         if self.spin_s > 0:
-            deadline = time.perf_counter() + self.spin_s
-            while True:
-                try:
-                    return self._sock.recv_into(view, 0, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    if time.perf_counter() >= deadline:
-                        break
+            if self._skip:
+                self._skip -= 1
+            else:
+                deadline = time.perf_counter() + self.spin_s
+                while True:
+                    try:
+                        got = self._sock.recv_into(view, 0, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        if time.perf_counter() >= deadline:
+                            break
+                    else:
+                        self._misses = 0
+                        return got
+                # Missed: the peer is slower than the spin (a loaded server, a busy
+                # machine, where polling only takes CPU from it). Back off: skip polling
+                # for 2, 4 ... 64 waits after consecutive misses.
+                self._misses = min(self._misses + 1, SPIN_BACKOFF_MAX)
+                self._skip = 1 << self._misses
         return self._sock.recv_into(view)
 
     def _take(self, dest: memoryview) -> int:

@@ -105,3 +105,22 @@ def test_spin_then_block_and_kernel_timeout(pair: tuple[socket.socket, socket.so
     with pytest.raises(BlockingIOError):  # nothing comes: the kernel timeout ends the wait
         reader.recv()
     assert 0.15 < time.monotonic() - start < 2
+
+
+def test_polling_backs_off_when_replies_are_slow(pair: tuple[socket.socket, socket.socket]
+                                                 ) -> None:
+    """A poll that misses (the reply came later) makes the next waits block at once, for
+    longer after each miss in a row; a poll that hits starts over."""
+    a, b = pair
+    reader = FrameReader(b, CODEC, spin_s=0.0002)
+    for expected_skip in (2, 4):
+        threading.Timer(0.02, a.sendall, args=(frame(1, b"slow"),)).start()
+        assert reader.recv().payload == b"slow"
+        assert reader._skip == expected_skip
+        for _ in range(expected_skip):  # these block without polling
+            a.sendall(frame(1, b"x"))
+            reader.recv()
+        assert reader._skip == 0
+    a.sendall(frame(1, b"fast"))  # already there: the poll hits
+    assert reader.recv().payload == b"fast"
+    assert (reader._misses, reader._skip) == (0, 0)
