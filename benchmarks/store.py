@@ -7,8 +7,12 @@ Not a test: run it by hand (the numbers depend on the machine and its load)::
 
 Systems (every server in its own process, every client in its own worker process):
 
-- ``kvctl/tcp``: ``kvctl store serve`` (master + node), client forced onto the engine's tcp.
-- ``kvctl/shm``: same server, client on the same-host shared-memory path (auto transport).
+- ``kvctl/tcp``: ``kvctl store serve`` (master + node in one process), client forced onto
+  tcp: a get takes the bytes attached to the master's answer (one round trip).
+- ``kvctl/tcp-split``: ``kvctl store master`` and ``kvctl store node`` as two processes, as
+  when nodes sit on other hosts: a get is the master's answer plus a node read over tcp.
+- ``kvctl/shm``: ``kvctl store serve``, client on the same-host shared-memory path (auto
+  transport).
 - ``mooncake``: ``mooncake_master`` + a ``mooncake_client`` storage process, the worker a
   client contributing no memory (TCP protocol).
 - ``mooncake/local``: one ``MooncakeDistributedStore`` in the worker contributing the memory
@@ -64,7 +68,8 @@ class System:
     name = ""
 
     def put(self, key: str, value: bytes) -> None: ...
-    def get(self, key: str) -> bytes: ...
+    def get(self, key: str) -> bytes:
+        raise NotImplementedError
     def batch_put(self, keys: list[str], size: int) -> None: ...
     def batch_get(self, keys: list[str], size: int) -> None: ...
     def remove(self, keys: list[str]) -> None: ...
@@ -213,9 +218,17 @@ def measure(system: System, size: int, batch: int, iters: int, reps: int, tag: s
             "batch_get_gbps": total / statistics.median(bget) / 1e9}
 
 
-def start_kvctl(capacity: str) -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "kvctl", "store", "serve", "--listen",
-                             "127.0.0.1:0", "--capacity", capacity, "--json"],
+def stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
+    """A cleanup that stops ``proc`` and reaps it."""
+    def stop() -> None:
+        proc.terminate()
+        proc.wait()
+    return stop
+
+
+def start_kvctl_process(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """``kvctl store ARGS --json`` in the background; the process and its master address."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl", "store", *args, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     text = ""
     deadline = time.monotonic() + 30
@@ -227,17 +240,34 @@ def start_kvctl(capacity: str) -> tuple[subprocess.Popen[bytes], str]:
         except ValueError:
             continue
     proc.kill()
-    raise RuntimeError("kvctl store serve did not start")
+    raise RuntimeError(f"kvctl store {args[0]} did not start")
 
 
-SYSTEMS = ("kvctl/tcp", "kvctl/shm", "mooncake", "mooncake/local", "redis")
+def start_kvctl(capacity: str) -> tuple[subprocess.Popen[bytes], str]:
+    """``kvctl store serve``: master and node in one process (gets take attached bytes)."""
+    return start_kvctl_process(["serve", "--listen", "127.0.0.1:0", "--capacity", capacity])
+
+
+def start_kvctl_split(capacity: str) -> tuple[list[subprocess.Popen[bytes]], str]:
+    """``kvctl store master`` and ``kvctl store node`` as two processes, as on many hosts."""
+    master, address = start_kvctl_process(["master", "--listen", "127.0.0.1:0"])
+    try:
+        node, _ = start_kvctl_process(["node", "--master", address, "--capacity", capacity])
+    except BaseException:
+        master.terminate()
+        master.wait()
+        raise
+    return [node, master], address
+
+
+SYSTEMS = ("kvctl/tcp", "kvctl/tcp-split", "kvctl/shm", "mooncake", "mooncake/local", "redis")
 
 
 def make_system(name: str, address: str, batch: int, max_size: int) -> System:
     """The client of ``name`` talking to the server at ``address``."""
     if name.startswith("kvctl/"):
-        system: System = KvctlSystem("tcp" if name == "kvctl/tcp" else "auto", address, batch,
-                                     max_size)
+        system: System = KvctlSystem("auto" if name == "kvctl/shm" else "tcp", address,
+                                     batch, max_size)
         system.name = name
         return system
     if name == "mooncake":  # a client contributing no memory; storage is another process
@@ -351,10 +381,14 @@ def main() -> int:
     cleanups: list[Callable[[], None]] = []
     try:
         addresses: dict[str, str] = {}
-        if any(w.startswith("kvctl") for w in wanted):
+        if "kvctl/tcp" in wanted or "kvctl/shm" in wanted:
             kproc, kaddress = start_kvctl("1GiB")
-            cleanups.append(lambda: (kproc.terminate(), kproc.wait()))
+            cleanups.append(stopper(kproc))
             addresses.update({"kvctl/tcp": kaddress, "kvctl/shm": kaddress})
+        if "kvctl/tcp-split" in wanted:
+            sprocs, saddress = start_kvctl_split("1GiB")
+            cleanups.extend(stopper(q) for q in sprocs)
+            addresses["kvctl/tcp-split"] = saddress
         if "mooncake" in wanted or "mooncake/local" in wanted:
             from kvctl.store.mooncake import MooncakeMaster
         if "mooncake" in wanted:
@@ -367,7 +401,7 @@ def main() -> int:
             addresses["mooncake/local"] = mc_local.address
         if "redis" in wanted:
             rproc, raddress = start_redis()
-            cleanups.append(lambda: (rproc.terminate(), rproc.wait()))
+            cleanups.append(stopper(rproc))
             addresses["redis"] = raddress
         workers = [Worker(w, addresses[w], args.batch, max(sizes)) for w in wanted]
         cleanups.extend(w.close for w in workers)
@@ -407,7 +441,8 @@ def paired_ratios(rounds: dict[str, dict[int, list[dict[str, float]]]], sizes: l
     """Per kvctl path and size: [median, min, max] over rounds of kvctl/baseline, each round's
     figures against the baseline's figures of the same round."""
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
-    pairs = [(k, "mooncake", name, metric) for k in ("kvctl/tcp", "kvctl/shm")
+    pairs = [(k, "mooncake", name, metric) for k in ("kvctl/tcp", "kvctl/tcp-split",
+                                                     "kvctl/shm")
              for name, metric, _ in RATIOS]
     pairs.append(("kvctl/shm", "mooncake/local", "batch_get_vs_local", "batch_get_gbps"))
     for kvctl, base, name, metric in pairs:
@@ -438,13 +473,13 @@ def report(medians: dict[str, dict[int, dict[str, float]]],
         return
     print("\nratios vs Mooncake, paired per round: median (min-max)  [targets: p50 <= 0.8x, "
           "batch >= 1.5x; shm batch get >= mooncake/local]")
-    for name, per in ratios.items():
+    for name, by_size in ratios.items():
         for size in sizes:
-            row = per.get(str(size))
-            if not row:
+            got = by_size.get(str(size))
+            if not got:
                 continue
-            line = f"{name:10s} {size:>8d} "
-            for key, (med, lo, hi) in row.items():
+            line = f"{name:15s} {size:>8d} "
+            for key, (med, lo, hi) in got.items():
                 line += f" {key} {med:.2f}x ({lo:.2f}-{hi:.2f})"
             print(line)
 
