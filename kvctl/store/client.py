@@ -720,7 +720,8 @@ class StoreClient:
         (added to ``stages``: the caller gives it back) or new buffers."""
         out: dict[int, memoryview] = {}
         total = 0
-        for i in reply.attached:
+        sources = reply.attached_from
+        for n, i in enumerate(reply.attached):
             slot = reply.slots[i] if 0 <= i < len(reply.slots) else None
             if not isinstance(slot, p.GetSlot) or i in out:
                 raise ProtocolError(f"store master at {conn.address} sent bytes for a slot "
@@ -744,11 +745,12 @@ class StoreClient:
             else:
                 stages.append((offset, slot.size))
                 out[i] = staging.view[offset:offset + slot.size]
-            seen = self._attached_segments
-            if any(loc.segment not in seen for loc in slot.locations):
+            j = sources[n] if n < len(sources) else -1
+            if 0 <= j < len(slot.locations) and \
+                    slot.locations[j].segment not in self._attached_segments:
                 with self._where_lock:  # replaced, never changed: readers take no lock
                     self._attached_segments = self._attached_segments | {
-                        loc.segment for loc in slot.locations}
+                        slot.locations[j].segment}
         conn.recv_data(list(out.values()))
         return out
 

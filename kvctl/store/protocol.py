@@ -19,8 +19,9 @@ Attached bytes: a master serving a storage node in its own process (``kvctl stor
 says so in :attr:`Hello.attached_bytes`. A :class:`Get` with ``attached_bytes`` set may then
 be answered with the bytes of some objects right behind the :class:`GetReply` frame: raw, in
 the order of :attr:`GetReply.attached`, each exactly its slot's ``size`` bytes, at most the
-smaller of both limits in all. The client checks them against the slot's checksum like
-bytes read from the node (they are the node's bytes; the master's core never reads them).
+smaller of both limits in all (never on a tenant's connection). The client checks them
+against the slot's checksum like bytes read from the node (they are the node's bytes; the
+master's core never reads them).
 
 Limits: a frame over ``max_frame_bytes`` (default 4 MiB) is refused with a ``too_large``
 error reply and the connection is closed; a frame that does not decode gets a
@@ -365,6 +366,8 @@ class GetReply(Struct, frozen=True, tag="get_r"):
     slots: list[GetSlot | ErrorInfo]
     #: indices of the slots whose bytes follow this frame, in that order.
     attached: list[int] = msgspec.field(default_factory=list)
+    #: per attached slot, the index of the location (replica) the bytes came from.
+    attached_from: list[int] = msgspec.field(default_factory=list)
 
 
 class Bools(Struct, frozen=True, tag="bools"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,8 @@ _log = logging.getLogger("kvctl.store.server")
 
 #: Seconds between housekeeping passes (dead nodes, expired puts, deferred frees).
 TICK_S = 0.1
+#: Seconds a send to a client may make no progress before its connection is closed.
+SEND_TIMEOUT_S = 10.0
 #: Default most object bytes behind one get reply when a node is hosted in-process.
 DEFAULT_ATTACHED_BYTES = 4 << 20
 
@@ -85,6 +88,9 @@ class MasterServer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._hold: HoldLocal | None = None
+        #: seconds a reply's send may stall (the client reads nothing) before the
+        #: connection is closed.
+        self.send_timeout_s = SEND_TIMEOUT_S
         #: the most object bytes sent behind one get reply (0 until :meth:`serve_local`).
         self.attached_bytes = 0
         try:
@@ -139,6 +145,12 @@ class MasterServer:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A client that stops reading must not hold this thread (and, while attached
+            # bytes are being sent, its node's memory) forever: the send fails and the
+            # connection closes.
+            whole = int(self.send_timeout_s)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack(
+                "@ll", whole, int((self.send_timeout_s - whole) * 1e6)))
             with self._lock:
                 full = len(self._conns) >= self._max_conns
                 if not full:
@@ -236,7 +248,10 @@ class MasterServer:
                 outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
                 self.metrics.record(_op_name(msg), time.perf_counter() - started,
                                     outcome, bytes_in=len(frame.payload))
-            if isinstance(reply, p.GetReply) and isinstance(msg, p.Get) and msg.attached_bytes:
+            # Tenants get no attached bytes: their tokens do not open the nodes' data path
+            # either, and the lease protecting a range while it is sent is theirs to end.
+            if isinstance(reply, p.GetReply) and isinstance(msg, p.Get) and \
+                    msg.attached_bytes and not namespace:
                 self._send_attached(conn, codec, reply, msg.attached_bytes)
             elif reply is not None:
                 codec.send(conn, reply)
@@ -249,21 +264,24 @@ class MasterServer:
         budget = min(wanted, self.attached_bytes)
         held: list[tuple[memoryview, Callable[[], None]]] = []
         attached: list[int] = []
+        sources: list[int] = []
         try:
             if hold is not None:
                 for i, slot in enumerate(reply.slots):
                     if not isinstance(slot, p.GetSlot) or slot.pending or \
                             not 0 < slot.size <= budget:
                         continue
-                    for loc in slot.locations:
+                    for j, loc in enumerate(slot.locations):
                         got = hold(loc.segment, loc.offset, slot.size)
                         if got is not None:
                             held.append(got)
                             attached.append(i)
+                            sources.append(j)
                             budget -= slot.size
                             break
             if attached:
-                reply = msgspec.structs.replace(reply, attached=attached)
+                reply = msgspec.structs.replace(reply, attached=attached,
+                                                attached_from=sources)
             send_views(conn, [codec.encode(reply), *(view for view, _ in held)])
         finally:
             for _, release in held:

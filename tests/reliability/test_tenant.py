@@ -165,3 +165,34 @@ def test_tenant_token_does_not_open_the_nodes_tcp_data_path(master: MasterServer
             alpha.put("over-tcp", b"x" * 4096)
         assert "token" in info.value.cause
         assert not alpha.exists("over-tcp")  # the failed put was revoked, not half-visible
+
+
+def test_tenant_connections_get_no_attached_bytes() -> None:
+    """A master hosting its node attaches object bytes to get answers, but never on a
+    tenant's connection: a tenant controls the lease that protects a range while it is
+    sent, so it could be handed bytes that meanwhile became another tenant's."""
+    server = MasterServer(MasterCore(), token=ADMIN,
+                          tenants=parse_tenants(f"{n}={t}" for n, t in TOKENS.items()))
+    node = StorageNode(server.address, node_id="n", capacity_bytes=16 << 20, token=ADMIN,
+                       heartbeat_s=0.1)
+    server.serve_local(node.hold)
+    try:
+        with StoreClient(server.address, token=TOKENS["alpha"]) as alpha:
+            alpha.put("doc", b"alpha secret")
+            assert alpha.get("doc") == b"alpha secret"  # still served, from the node
+        for token, expect in ((TOKENS["alpha"], []), (ADMIN, [0])):
+            conn = MasterConnection(server.address, token=token)
+            try:
+                assert conn.attached_bytes > 0  # the master offers it ...
+                reply = conn.call(p.Get(keys=["alpha/doc"], lease=False,
+                                        attached_bytes=1 << 20))
+                assert isinstance(reply, p.GetReply)
+                assert reply.attached == expect  # ... to the admin token only
+                views = [memoryview(bytearray(12)) for _ in reply.attached]
+                conn.recv_data(views)
+                assert [bytes(v) for v in views] == [b"alpha secret"] * len(expect)
+            finally:
+                conn.close()
+    finally:
+        node.close()
+        server.close()

@@ -10,6 +10,8 @@ the node's memory is handed back (it can still be unregistered).
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -207,3 +209,40 @@ def test_same_host_client_copies_from_mapped_memory_instead(hosted: Cluster) -> 
             assert c.get("k") == value
         assert len(calls) <= 1  # at most the first get, before the memory was known
         assert hosted.nodes["a"].segment in c._data.inline
+
+
+def test_only_the_memory_bytes_came_from_is_learned(hosted: Cluster) -> None:
+    """With replicas on the hosted node and on a node elsewhere, the client learns only the
+    hosted node's memory as attached (reads of the other node keep their early reads)."""
+    remote = hosted.add_node("b", capacity_bytes=16 << 20)
+    with StoreClient(hosted.address, transport="tcp", replicas=2) as c:
+        c.put("k", os.urandom(4096))
+        assert c.exists("k")
+        c.get("k")
+        assert c._attached_segments == {hosted.nodes["a"].segment}
+        assert remote.segment not in c._attached_segments
+
+
+def test_a_client_that_stops_reading_is_dropped(hosted: Cluster) -> None:
+    """A client that never reads a large attached reply must not hold the master's thread
+    and the node's memory: the send times out, the connection closes, the hold ends."""
+    hosted.server.send_timeout_s = 0.5
+    hosted.server.attached_bytes = 32 << 20  # more than the socket buffers can take
+    with StoreClient(hosted.address, transport="tcp") as c:
+        c.put("big", os.urandom(24 << 20))
+        assert c.exists("big")
+    conn = MasterConnection(hosted.address)
+    try:
+        conn._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.send(p.Get(keys=["big"], lease=False, attached_bytes=32 << 20))
+        deadline = time.monotonic() + 10
+        while _inflight(hosted) == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert _inflight(hosted) == 1  # the send started and stalls, holding the memory
+        while _inflight(hosted) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _inflight(hosted) == 0  # it gave up and released the memory
+    finally:
+        conn.close()
+    with StoreClient(hosted.address, transport="tcp") as c:
+        assert len(c.get("big")) == 24 << 20  # and the master serves others
