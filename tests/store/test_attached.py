@@ -137,8 +137,12 @@ def test_corrupt_bytes_are_never_returned(hosted: Cluster) -> None:
         assert isinstance(slot, p.GetSlot)
         loc = slot.locations[0]
         hosted.nodes["a"]._buffer.view[loc.offset:loc.offset + 16] = bytes(16)
+        c.put("w", b"w" * 100)
+        assert c.get("w") == b"w" * 100  # learns which memory the master attaches from
+        reads = _node_reads(hosted)
         with pytest.raises(ChecksumMismatchError):
             c.get("k")
+        assert reads[0] == 4096  # the attached bytes failed: the node was read as well
         assert c.exists("k")  # in step after the failed get
 
 
@@ -178,16 +182,22 @@ def test_a_master_without_a_node_attaches_nothing(cluster: Cluster) -> None:
         assert reads[0] == 100
 
 
-def test_node_memory_can_be_retired_after_attached_gets(hosted: Cluster) -> None:
+def test_node_memory_is_retired_only_after_attached_sends_end(hosted: Cluster) -> None:
+    """A node declared dead renews its memory; the old segment is unregistered only once
+    no attached send holds it any more, and is never lent again after that."""
     node = hosted.nodes["a"]
     with StoreClient(hosted.address, transport="tcp") as c:
         c.put("k", os.urandom(4096))
-        for _ in range(5):
-            c.get("k")
+        assert c.get("k") is not None
         old = node.segment
-        node._renew()  # what a node declared dead does: new memory, old one unregistered
+        held = node.hold(old, 0, 4096)  # as a send in progress does
+        assert held is not None
+        node._renew()  # what a node declared dead does: new memory, old one retired
+        assert old in node.engine._segments  # still lent: not unregistered yet
+        held[1]()  # the send ends
+        node._unregister_retired()  # the next heartbeat's retry
         assert old not in node.engine._segments
-        assert node.hold(old, 0, 16) is None  # the retired memory is not served
+        assert node.hold(old, 0, 16) is None  # retired memory is not lent again
 
 
 def test_same_host_client_copies_from_mapped_memory_instead(hosted: Cluster) -> None:
