@@ -15,6 +15,7 @@ from kvctl.net.framing import (
     FrameCodec,
     FrameError,
     FrameReader,
+    Poller,
     set_io_timeouts,
 )
 
@@ -116,11 +117,25 @@ def test_polling_backs_off_when_replies_are_slow(pair: tuple[socket.socket, sock
     for expected_skip in (2, 4):
         threading.Timer(0.02, a.sendall, args=(frame(1, b"slow"),)).start()
         assert reader.recv().payload == b"slow"
-        assert reader._skip == expected_skip
+        assert reader.poller.skip == expected_skip
         for _ in range(expected_skip):  # these block without polling
             a.sendall(frame(1, b"x"))
             reader.recv()
-        assert reader._skip == 0
+        assert reader.poller.skip == 0
     a.sendall(frame(1, b"fast"))  # already there: the poll hits
     assert reader.recv().payload == b"fast"
-    assert (reader._misses, reader._skip) == (0, 0)
+    assert (reader.poller.misses, reader.poller.skip) == (0, 0)
+
+
+def test_poller_fills_exactly_and_reports_a_closed_peer(
+        pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    poller = Poller(0.0005)
+    threading.Timer(0.01, a.sendall, args=(b"abc",)).start()
+    threading.Timer(0.05, a.sendall, args=(b"defgh",)).start()
+    view = memoryview(bytearray(8))
+    poller.recv_exact_into(b, view)  # polled for the first bytes, blocked for the rest
+    assert bytes(view) == b"abcdefgh"
+    a.close()
+    with pytest.raises(ConnectionClosedError):
+        poller.recv_exact_into(b, memoryview(bytearray(4)))

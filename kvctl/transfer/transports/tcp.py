@@ -39,6 +39,7 @@ from kvctl.net import auth
 from kvctl.net.framing import (
     ConnectionClosedError,
     FrameError,
+    Poller,
     recv_exact,
     recv_exact_into,
     recv_into_views,
@@ -58,6 +59,8 @@ _log = logging.getLogger("kvctl.transfer.tcp")
 MIN_FRAME_BYTES = 524288
 #: Waited-for submissions up to this size (one frame per path) run in the calling thread.
 DEFAULT_INLINE_BYTES = 4 << 20
+#: How long a calling thread polls for a target's reply before it sleeps, seconds.
+DEFAULT_SPIN_S = 200e-6
 _U16 = struct.Struct("<H")
 
 #: A piece of a request inside a frame: (slot, local buffer, local offset, target offset, length)
@@ -212,6 +215,8 @@ class _Peer:
         #: idle connections for inline frames, per path (same route as the path's own).
         self._spare: list[list[socket.socket]] = [[] for _ in self.paths]
         self._spare_lock = threading.Lock()
+        #: how a calling thread waits for a reply (polls first; worker threads just block)
+        self.poller = Poller(transport.spin_s)
         self._closed = False
 
     def dispatch(self, frame: _Frame, exclude: int = -1) -> None:
@@ -299,7 +304,7 @@ class _Peer:
         head = bytearray(p.HEADER.size)
         for frame, path, sock, tag in started:
             try:
-                self._receive(sock, head, frame, tag)
+                self._receive(sock, head, frame, tag, self.poller)
             except _RemoteError as exc:  # the stream is still in sync: keep the connection
                 self._keep(path.index, sock)
                 frame.batch.settle(frame.slots(), path=path.name, failure=SETTLE_FAILED,
@@ -336,14 +341,14 @@ class _Peer:
             head = bytearray(p.HEADER.size)
             if op is OpCode.READ:
                 send_views(sock, [p.HEADER.pack(p.FrameType.READ, 0, 0, tag, 1, 0) + entry])
-                payload = self._response(sock, head, tag)
+                payload = self._response(sock, head, tag, self.poller)
                 if payload != length:
                     raise FrameError(f"READ reply of {payload} bytes, expected {length}", None)
                 recv_exact_into(sock, local)
             else:
                 send_views(sock, [p.HEADER.pack(p.FrameType.WRITE, 0, 0, tag, 1, length)
                                   + entry, local])
-                self._response(sock, head, tag)
+                self._response(sock, head, tag, self.poller)
         except _RemoteError:
             self._keep(index, sock)  # type: ignore[arg-type]  # set: the target answered
             raise
@@ -387,8 +392,12 @@ class _Peer:
         body = b"".join([pack(seg_id, toff, length) for _, _, _, toff, length in frame.pieces])
         return tag, p.HEADER.pack(ftype, 0, 0, tag, len(frame.pieces), payload) + body
 
-    def _response(self, sock: socket.socket, head: bytearray, tag: int) -> int:
-        recv_exact_into(sock, memoryview(head))
+    def _response(self, sock: socket.socket, head: bytearray, tag: int,
+                  poller: Poller | None = None) -> int:
+        if poller is not None:
+            poller.recv_exact_into(sock, memoryview(head))
+        else:
+            recv_exact_into(sock, memoryview(head))
         ftype, status, _, rtag, index, payload = p.HEADER.unpack(head)
         if ftype != p.FrameType.RESP or rtag != tag:
             raise FrameError(f"unexpected reply (type {ftype}, tag {rtag}, expected {tag})",
@@ -423,10 +432,11 @@ class _Peer:
         send_views(sock, views)
         return tag
 
-    def _receive(self, sock: socket.socket, head: bytearray, frame: _Frame, tag: int) -> None:
+    def _receive(self, sock: socket.socket, head: bytearray, frame: _Frame, tag: int,
+                 poller: Poller | None = None) -> None:
         """Take the reply of one frame (its header lands in ``head``, a buffer of the
         connection's reader); a READ's data lands straight in the local buffers."""
-        payload = self._response(sock, head, tag)
+        payload = self._response(sock, head, tag, poller)
         if frame.op is not OpCode.READ:
             return
         expected = sum(piece[4] for piece in frame.pieces)
@@ -519,6 +529,9 @@ class TcpTransport(Transport):
             bytes and at most one frame per path runs in the calling thread on spare
             connections (0 turns this off:
             every frame goes through the worker paths).
+        spin_s: how long a calling thread (those inline submissions, ``move_direct``) polls
+            for a reply before it sleeps (see :class:`~kvctl.net.framing.Poller`; 0 never
+            polls). Worker threads always block.
     """
 
     name = "tcp"
@@ -527,7 +540,8 @@ class TcpTransport(Transport):
                  local_addresses: Sequence[str] = (), slice_bytes: int = 1 << 20,
                  retry: RetryPolicy | None = None, timeout_s: float = 30.0,
                  connect_timeout_s: float = 5.0, window: int = 4,
-                 inline_bytes: int = DEFAULT_INLINE_BYTES) -> None:
+                 inline_bytes: int = DEFAULT_INLINE_BYTES,
+                 spin_s: float = DEFAULT_SPIN_S) -> None:
         self.token = token
         self.connections_per_peer = max(1, connections_per_peer)
         self.local_addresses = list(local_addresses)
@@ -537,6 +551,7 @@ class TcpTransport(Transport):
         self.connect_timeout_s = min(connect_timeout_s, timeout_s)
         self.window = max(1, window)
         self.inline_bytes = max(0, inline_bytes)
+        self.spin_s = max(0.0, spin_s)
         self._peers: dict[tuple[str, ...], _Peer] = {}
         self._lock = threading.Lock()
         self.closed = False
