@@ -64,6 +64,7 @@ def set_io_timeouts(sock: socket.socket, seconds: float) -> None:
     ``SO_RCVTIMEO``). Python's own timeouts (``settimeout``) poll before every call, one
     more system call per chunk; a timed-out call raises :class:`BlockingIOError`."""
     sock.settimeout(None)
+    seconds = max(seconds, 0.001)  # a zero timeval would mean "wait forever"
     whole = int(seconds)
     tv = struct.pack("@ll", whole, int((seconds - whole) * 1e6))
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
