@@ -653,7 +653,8 @@ class StoreClient:
         """Keys of a get whose last known replica can be read before the master answers:
         over the engine (not same-host shm, which is cheaper than a guess), on a segment
         still live, small enough that a wrong guess costs little (and, reading into caller
-        buffers, fitting the buffer)."""
+        buffers, fitting the buffer); not in memory the master attaches from (its answer
+        brings those bytes)."""
         out: list[tuple[int, _Where]] = []
         budget = EARLY_READ_BYTES
         with self._where_lock:
@@ -731,6 +732,12 @@ class StoreClient:
                 raise ProtocolError(f"store master at {conn.address} sent {total} attached "
                                     f"bytes (asked for at most {budget})",
                                     "use the same kvctl version")
+            j = sources[n] if n < len(sources) else -1
+            if 0 <= j < len(slot.locations) and \
+                    slot.locations[j].segment not in self._attached_segments:
+                with self._where_lock:  # replaced, never changed: readers take no lock
+                    self._attached_segments = self._attached_segments | {
+                        slot.locations[j].segment}
             if dests is not None and dests[i].nbytes >= slot.size:
                 out[i] = dests[i][:slot.size]
                 continue
@@ -745,12 +752,6 @@ class StoreClient:
             else:
                 stages.append((offset, slot.size))
                 out[i] = staging.view[offset:offset + slot.size]
-            j = sources[n] if n < len(sources) else -1
-            if 0 <= j < len(slot.locations) and \
-                    slot.locations[j].segment not in self._attached_segments:
-                with self._where_lock:  # replaced, never changed: readers take no lock
-                    self._attached_segments = self._attached_segments | {
-                        slot.locations[j].segment}
         conn.recv_data(list(out.values()))
         return out
 

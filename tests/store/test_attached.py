@@ -256,3 +256,21 @@ def test_a_client_that_stops_reading_is_dropped(hosted: Cluster) -> None:
         conn.close()
     with StoreClient(hosted.address, transport="tcp") as c:
         assert len(c.get("big")) == 24 << 20  # and the master serves others
+
+
+def test_batch_into_buffers_learns_the_attached_memory(hosted: Cluster) -> None:
+    """Reading into caller buffers also teaches the client which memory comes attached:
+    the next batch starts no early reads of it (they would move the same bytes twice)."""
+    with StoreClient(hosted.address, transport="tcp") as c:
+        values = [os.urandom(65536) for _ in range(4)]
+        keys = [f"m{i}" for i in range(4)]
+        c.batch_put(list(zip(keys, values, strict=True)))
+        arena = bytearray(4 * 65536)
+        c.register_buffer(arena)
+        bufs = [memoryview(arena)[i * 65536:(i + 1) * 65536] for i in range(4)]
+        assert c.batch_get_into(keys, bufs) == [65536] * 4  # the first may read early
+        assert c._attached_segments == {hosted.nodes["a"].segment}
+        reads = _node_reads(hosted)
+        assert c.batch_get_into(keys, bufs) == [65536] * 4
+        assert [bytes(b) for b in bufs] == values
+        assert reads[0] == 0
