@@ -64,11 +64,23 @@ def set_io_timeouts(sock: socket.socket, seconds: float) -> None:
     ``SO_RCVTIMEO``). Python's own timeouts (``settimeout``) poll before every call, one
     more system call per chunk; a timed-out call raises :class:`BlockingIOError`."""
     sock.settimeout(None)
-    seconds = max(seconds, 0.001)  # a zero timeval would mean "wait forever"
-    whole = int(seconds)
-    tv = struct.pack("@ll", whole, int((seconds - whole) * 1e6))
+    tv = _timeval(seconds)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def set_send_timeout(sock: socket.socket, seconds: float) -> None:
+    """A kernel send timeout (``SO_SNDTIMEO``) on ``sock``: a send that makes no progress
+    that long fails (:class:`BlockingIOError`)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
+
+
+def _timeval(seconds: float) -> bytes:
+    """``struct timeval`` of ``seconds``, at least 1 ms (a zero timeval means "wait
+    forever", a negative one is refused)."""
+    seconds = max(seconds, 0.001)
+    whole = int(seconds)
+    return struct.pack("@ll", whole, int((seconds - whole) * 1e6))
 
 
 def recv_exact(sock: socket.socket, size_bytes: int) -> bytearray:
@@ -228,7 +240,7 @@ class Poller:
     def recv_into(self, sock: socket.socket, view: memoryview) -> int:
         """One ``recv_into`` of ``view`` (what arrived, at least 1 byte; 0 at EOF)."""
         if self.spin_s > 0:
-            if self.skip:
+            if self.skip > 0:  # (> 0: a racing decrement must not leave it below zero)
                 self.skip -= 1
             else:
                 deadline = time.perf_counter() + self.spin_s

@@ -109,8 +109,8 @@ class StoreClient:
             master.
         attached_bytes: the most object bytes a get takes behind the master's reply when
             the master hosts a node (``kvctl store serve``); 0 always reads from the node.
-        spin_us: how long a wait for the master's reply polls before the thread sleeps,
-            microseconds. A sleeping thread's wake-up costs up to 100 µs on a virtual
+        spin_us: how long a wait for the master's or a node's reply polls before the thread
+            sleeps, microseconds. A sleeping thread's wake-up costs up to 100 µs on a virtual
             machine, most of a loopback round trip; polling costs up to this much CPU per
             request. 0 never polls.
 
@@ -139,7 +139,8 @@ class StoreClient:
         try:
             self._data = DataPath(f"store-client-{secrets.token_hex(6)}", transport=transport,
                                   token=token, timeout_s=timeout_s,
-                                  staging_bytes=staging_bytes, nodes=self._nodes)
+                                  staging_bytes=staging_bytes, nodes=self._nodes,
+                                  spin_s=max(0.0, spin_us) / 1e6)
         except BaseException:
             self._pool.close()
             raise

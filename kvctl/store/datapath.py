@@ -70,14 +70,17 @@ class DataPath:
         timeout_s: per-move timeout, seconds.
         staging_bytes: size of the registered staging buffer.
         nodes: the live storage nodes (asked when a segment is not known yet).
+        spin_s: how long a wait for a node's reply polls before it sleeps.
     """
 
     def __init__(self, name: str, *, transport: str, token: str | None, timeout_s: float,
-                 staging_bytes: int, nodes: Callable[[], list[p.NodeAddress]]) -> None:
+                 staging_bytes: int, nodes: Callable[[], list[p.NodeAddress]],
+                 spin_s: float = 0.0) -> None:
         self.timeout_s = timeout_s
         self._nodes = nodes
         self.engine = TransferEngine(name, metadata=f"memory://kvctl-{name}",
-                                     transport=transport, token=token, timeout_s=timeout_s)
+                                     transport=transport, token=token, timeout_s=timeout_s,
+                                     spin_s=spin_s)
         #: node segments whose descriptors the engine knows
         self.known: set[str] = set()
         self._lock = threading.Lock()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,13 @@ import msgspec
 
 from kvctl.net import auth
 from kvctl.net.bind import announce_bind
-from kvctl.net.framing import ConnectionClosedError, FrameError, FrameReader, send_views
+from kvctl.net.framing import (
+    ConnectionClosedError,
+    FrameError,
+    FrameReader,
+    send_views,
+    set_send_timeout,
+)
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterCore
@@ -42,8 +47,10 @@ _log = logging.getLogger("kvctl.store.server")
 
 #: Seconds between housekeeping passes (dead nodes, expired puts, deferred frees).
 TICK_S = 0.1
-#: Seconds a send to a client may make no progress before its connection is closed.
-SEND_TIMEOUT_S = 10.0
+#: Seconds a send to a client may make no progress before its connection is closed. Longer
+#: than a client's worst early read against a stalled node (two data-path timeouts of
+#: 30 s by default), during which it does not read its reply yet.
+SEND_TIMEOUT_S = 120.0
 #: Default most object bytes behind one get reply when a node is hosted in-process.
 DEFAULT_ATTACHED_BYTES = 4 << 20
 
@@ -148,9 +155,7 @@ class MasterServer:
             # A client that stops reading must not hold this thread (and, while attached
             # bytes are being sent, its node's memory) forever: the send fails and the
             # connection closes.
-            whole = int(self.send_timeout_s)
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack(
-                "@ll", whole, int((self.send_timeout_s - whole) * 1e6)))
+            set_send_timeout(conn, self.send_timeout_s)
             with self._lock:
                 full = len(self._conns) >= self._max_conns
                 if not full:

@@ -62,7 +62,7 @@ from kvctl.transfer.server import TargetServer
 from kvctl.transfer.transports import rdma as rdma_mod
 from kvctl.transfer.transports.base import Item, RemoteSegment, Transport
 from kvctl.transfer.transports.shm import ShmTransport
-from kvctl.transfer.transports.tcp import TcpTransport
+from kvctl.transfer.transports.tcp import DEFAULT_SPIN_S, TcpTransport
 
 _log = logging.getLogger("kvctl.transfer")
 
@@ -138,6 +138,8 @@ class TransferEngine:
         on_notification: called from the server thread for each notification (else queued
             for :meth:`get_notification`).
         max_frame_bytes: largest frame the target server accepts.
+        spin_s: how long a calling thread polls for a tcp target's reply before it sleeps
+            (see :class:`~kvctl.net.framing.Poller`); 0 never polls.
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class TransferEngine:
         rdma_devices: Sequence[str] = (),
         on_notification: Callable[[Notification], None] | None = None,
         max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
+        spin_s: float = DEFAULT_SPIN_S,
     ) -> None:
         self.name = validate_name(name)
         if transport not in TRANSPORTS:
@@ -208,7 +211,7 @@ class TransferEngine:
                           self._rdma_reason)
         self._tcp = TcpTransport(
             token=token, connections_per_peer=connections_per_peer, local_addresses=nics,
-            slice_bytes=slice_bytes, retry=retry, timeout_s=timeout_s)
+            slice_bytes=slice_bytes, retry=retry, timeout_s=timeout_s, spin_s=spin_s)
         self._shm = ShmTransport()
         self._transports: dict[str, Transport] = {"tcp": self._tcp, "shm": self._shm}
         if self._rdma is not None:

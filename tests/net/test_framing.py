@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from kvctl.net.framing import (
     FrameReader,
     Poller,
     set_io_timeouts,
+    set_send_timeout,
 )
 
 CODEC = FrameCodec(b"TEST", max_payload_bytes=1 << 20)
@@ -139,3 +141,17 @@ def test_poller_fills_exactly_and_reports_a_closed_peer(
     a.close()
     with pytest.raises(ConnectionClosedError):
         poller.recv_exact_into(b, memoryview(bytearray(4)))
+
+
+@pytest.mark.parametrize("seconds", [0.0, -0.5, 0.0000001])
+def test_tiny_zero_or_negative_timeouts_are_the_shortest_not_infinite(
+        pair: tuple[socket.socket, socket.socket], seconds: float) -> None:
+    """A zero timeval means "wait forever" and a negative one is refused by the kernel:
+    both are clamped to 1 ms."""
+    _, b = pair
+    set_io_timeouts(b, seconds)
+    set_send_timeout(b, seconds)
+    for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sec, usec = struct.unpack("@ll", b.getsockopt(socket.SOL_SOCKET, opt, 16))
+        assert (sec, usec) != (0, 0)
+        assert sec * 1e6 + usec <= 5000

@@ -274,3 +274,19 @@ def test_batch_into_buffers_learns_the_attached_memory(hosted: Cluster) -> None:
         assert c.batch_get_into(keys, bufs) == [65536] * 4
         assert [bytes(b) for b in bufs] == values
         assert reads[0] == 0
+
+
+def test_spin_setting_reaches_master_and_node_waits(hosted: Cluster) -> None:
+    """StoreClient(spin_us=...) sets how both the master's and the nodes' replies are
+    waited for; 0 turns polling off everywhere."""
+    with StoreClient(hosted.address, transport="tcp", spin_us=0) as off, \
+            StoreClient(hosted.address, transport="tcp") as on:
+        for c in (off, on):
+            c.put("k", b"v" * 10)
+            assert c.get("k") == b"v" * 10
+        with off._pool.connection() as conn:
+            assert conn._reader.poller.spin_s == 0
+        assert off.engine._tcp.spin_s == 0
+        with on._pool.connection() as conn:
+            assert conn._reader.poller.spin_s > 0
+        assert on.engine._tcp.spin_s > 0
