@@ -30,7 +30,6 @@ Absence and failure stay distinct: a missing key raises (or, in batch results, i
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import secrets
@@ -58,6 +57,7 @@ from kvctl.store.errors import (
 from kvctl.store.localcopy import (
     DEFAULT_STAGING_BYTES,
 )
+from kvctl.store.recall import Recall, Where
 from kvctl.store.rpc import MasterConnection, MasterPool, error_from
 from kvctl.transfer.batch import OpCode, TransferRequest
 
@@ -66,10 +66,6 @@ _log = logging.getLogger("kvctl.store.client")
 Buffer = bytes | bytearray | memoryview
 
 
-#: Most keys whose last location a client remembers for early reads.
-WHERE_ENTRIES = 65536
-#: Largest read started before the master's answer (a wrong guess costs this much traffic).
-EARLY_READ_BYTES = 4 << 20
 #: Largest single write / read made without a batch (TransferEngine.move_direct). Larger
 #: reads go faster as a batch: it slices them over several connections at once.
 DIRECT_WRITE_BYTES = 4 << 20
@@ -78,17 +74,6 @@ DIRECT_READ_BYTES = 1 << 20
 ATTACHED_GET_BYTES = 4 << 20
 #: How long a wait for the master's reply polls before it sleeps, microseconds.
 DEFAULT_SPIN_US = 200.0
-
-
-class _Where:
-    """One replica of one version of an object, as this client last wrote or read it."""
-
-    __slots__ = ("checksum", "offset", "segment", "size", "version")
-
-    def __init__(self, version: int, checksum: int, size: int, segment: str, offset: int
-                 ) -> None:
-        self.version, self.checksum, self.size = version, checksum, size
-        self.segment, self.offset = segment, offset
 
 
 class StoreClient:
@@ -149,11 +134,8 @@ class StoreClient:
         #: leases to end, sent with the next request (no message of their own).
         self._releases: list[tuple[str, int]] = []
         self._releases_lock = threading.Lock()
-        #: where this client last wrote or read each key over the engine (early reads)
-        self._where: collections.OrderedDict[str, _Where] = collections.OrderedDict()
-        self._where_lock = threading.Lock()
-        #: segments whose objects the master attaches to its answers (no early read needed)
-        self._attached_segments: frozenset[str] = frozenset()
+        #: where keys were last written or read, and which memory the master attaches from
+        self._recall = Recall()
         self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         self._closed = False
 
@@ -278,7 +260,7 @@ class StoreClient:
                 replicas=self.replicas)), p.PutReply)
             self._check_slots(reply.slots, wire[start:end])
             self._write_chunk(keys, wire, views, reply.slots, start, out)
-            self._remember([(wire[start + j], _Where(
+            self._recall.remember([(wire[start + j], Where(
                 slot.version, sums[start + j], views[start + j].nbytes, slot.locations[0].segment,
                 slot.locations[0].offset)) for j, slot in enumerate(reply.slots)
                 if isinstance(slot, p.PutSlot) and slot.locations and not slot.skip
@@ -335,7 +317,7 @@ class StoreClient:
         if not same:
             return None
         first = arena.locations[0]
-        self._remember([(wire[i], _Where(0, sums[i], views[i].nbytes, first.segment,
+        self._recall.remember([(wire[i], Where(0, sums[i], views[i].nbytes, first.segment,
                                          first.offset + offsets[i])) for i in good])
         return out
 
@@ -363,18 +345,6 @@ class StoreClient:
                     conn.send(p.PutAt(reservation=arena.rid, end=True, count=count))
         except KvctlError as exc:
             _log.debug("ending reservation %x: %s", arena.rid, exc.cause)
-
-    def _remember(self, where: list[tuple[str, _Where]]) -> None:
-        """Note where keys were just written or read (bounded, least recent dropped)."""
-        if not where:
-            return
-        with self._where_lock:
-            known = self._where
-            for key, w in where:
-                known[key] = w
-                known.move_to_end(key)
-            while len(known) > WHERE_ENTRIES:
-                known.popitem(last=False)
 
     def _check_slots(self, slots: Sequence[p.PutSlot | p.GetSlot | p.ErrorInfo],
                      wire: list[str]) -> None:
@@ -527,7 +497,9 @@ class StoreClient:
         wire = [self.namespace + k for k in keys]
         request = p.Get(keys=wire, lease=self.lease, release_keys=rkeys,
                         release_versions=rversions)
-        guesses = self._guesses(wire, dests)
+        guesses = self._recall.guesses(
+            wire, None if dests is None else [d.nbytes for d in dests],
+            mapped=self._data.inline, known=self._data.known)
         stages: list[tuple[int, int]] = []
         try:
             answer, early, attached = self._ask(request, guesses, dests, stages)
@@ -538,7 +510,7 @@ class StoreClient:
             for room in stages:
                 self._data.staging.give(*room)
         causes: dict[int, list[str]] = {i: [] for i in todo}
-        seen: list[tuple[str, _Where]] = []
+        seen: list[tuple[str, Where]] = []
         attempt = 0
         while todo:
             reqs: list[TransferRequest] = []
@@ -584,7 +556,7 @@ class StoreClient:
                             out[i] = bytes(dest[:slot.size])
                         loc = slot.locations[attempt]
                         if loc.segment not in self._data.inline:
-                            seen.append((slot.key, _Where(slot.version, slot.checksum,
+                            seen.append((slot.key, Where(slot.version, slot.checksum,
                                                           slot.size, loc.segment, loc.offset)))
                         continue
                     causes[i].append(f"{node}: {cause}" if cause else
@@ -598,7 +570,7 @@ class StoreClient:
                     self._data.release(stage, temp)
             todo = nxt
             attempt += 1
-        self._remember(seen)
+        self._recall.remember(seen)
         if self.lease:
             done = [(s.key, s.version) for s in slots.values() if not s.pending]
             with self._releases_lock:
@@ -609,7 +581,7 @@ class StoreClient:
         return out
 
     def _answered(self, keys: list[str], dests: list[memoryview] | None, reply: p.GetReply,
-                  early: dict[int, tuple[_Where, bytes | int]],
+                  early: dict[int, tuple[Where, bytes | int]],
                   attached: dict[int, memoryview]
                   ) -> tuple[list[Any], list[int], dict[int, p.GetSlot]]:
         """What the master's answer settles: per key the result where known (an error, an
@@ -649,32 +621,9 @@ class StoreClient:
                 todo.append(i)
         return out, todo, slots
 
-    def _guesses(self, wire: list[str], dests: list[memoryview] | None
-                 ) -> list[tuple[int, _Where]]:
-        """Keys of a get whose last known replica can be read before the master answers:
-        over the engine (not same-host shm, which is cheaper than a guess), on a segment
-        still live, small enough that a wrong guess costs little (and, reading into caller
-        buffers, fitting the buffer); not in memory the master attaches from (its answer
-        brings those bytes)."""
-        out: list[tuple[int, _Where]] = []
-        budget = EARLY_READ_BYTES
-        with self._where_lock:
-            where = self._where
-            if not where:
-                return out
-            for i, key in enumerate(wire):
-                w = where.get(key)
-                if w is not None and w.size <= budget and w.segment not in self._data.inline \
-                        and w.segment not in self._attached_segments \
-                        and w.segment in self._data.known and (
-                            dests is None or dests[i].nbytes >= w.size):
-                    out.append((i, w))
-                    budget -= w.size
-        return out
-
-    def _ask(self, request: p.Get, guesses: list[tuple[int, _Where]],
+    def _ask(self, request: p.Get, guesses: list[tuple[int, Where]],
              dests: list[memoryview] | None, stages: list[tuple[int, int]]
-             ) -> tuple[p.Reply, dict[int, tuple[_Where, bytes | int]], dict[int, memoryview]]:
+             ) -> tuple[p.Reply, dict[int, tuple[Where, bytes | int]], dict[int, memoryview]]:
         """Send ``request`` to the master; the reply, what early reads found, and the bytes
         the master attached (staging room they took is added to ``stages``).
 
@@ -694,7 +643,7 @@ class StoreClient:
         """
         if self._closed:
             raise StoreError("store client is closed", "open a new StoreClient")
-        segments = self._attached_segments
+        segments = self._recall.attached
         with self._pool.connection() as conn:
             budget = min(self.attached_bytes, conn.attached_bytes)
             if budget and segments and all(s in self._data.inline for s in segments):
@@ -708,11 +657,11 @@ class StoreClient:
             if isinstance(reply, p.GetReply) and reply.attached:
                 # Out of sync if this raises: the pool closes the connection.
                 attached = self._recv_attached(conn, reply, dests, budget, stages)
-        if self._attached_segments is not segments:
+        if self._recall.attached is not segments:
             # New memory of the master's node: map it if it is on this host (then later
             # gets copy from it instead of taking bytes attached).
             with contextlib.suppress(KvctlError):
-                self._data.ensure_segments(set(self._attached_segments - segments))
+                self._data.ensure_segments(set(self._recall.attached - segments))
         return reply, early, attached
 
     def _recv_attached(self, conn: MasterConnection, reply: p.GetReply,
@@ -734,11 +683,8 @@ class StoreClient:
                                     f"bytes (asked for at most {budget})",
                                     "use the same kvctl version")
             j = sources[n] if n < len(sources) else -1
-            if 0 <= j < len(slot.locations) and \
-                    slot.locations[j].segment not in self._attached_segments:
-                with self._where_lock:  # replaced, never changed: readers take no lock
-                    self._attached_segments = self._attached_segments | {
-                        slot.locations[j].segment}
+            if 0 <= j < len(slot.locations):
+                self._recall.learn_attached(slot.locations[j].segment)
             if dests is not None and dests[i].nbytes >= slot.size:
                 out[i] = dests[i][:slot.size]
                 continue
@@ -756,13 +702,13 @@ class StoreClient:
         conn.recv_data(list(out.values()))
         return out
 
-    def _read_guesses(self, guesses: list[tuple[int, _Where]],
+    def _read_guesses(self, guesses: list[tuple[int, Where]],
                       dests: list[memoryview] | None = None
-                      ) -> dict[int, tuple[_Where, bytes | int]]:
+                      ) -> dict[int, tuple[Where, bytes | int]]:
         """Read each guess; per index whose bytes match the remembered checksum, the bytes
         (or, into ``dests``, the size: the bytes are in ``dests[i]``)."""
-        found: dict[int, tuple[_Where, bytes | int]] = {}
-        placed: list[tuple[int, _Where, memoryview, tuple[int, int] | None, str | None]] = []
+        found: dict[int, tuple[Where, bytes | int]] = {}
+        placed: list[tuple[int, Where, memoryview, tuple[int, int] | None, str | None]] = []
         try:
             reqs: list[TransferRequest] = []
             for i, w in guesses:
@@ -836,9 +782,7 @@ class StoreClient:
     def batch_remove(self, keys: Sequence[str]) -> list[bool]:
         """Remove many keys; ``True`` where one existed."""
         wire = self._wire(keys)
-        with self._where_lock:
-            for key in wire:
-                self._where.pop(key, None)
+        self._recall.forget(wire)
         # End our own finished reads' leases first, so removed objects free their space now
         # rather than when the lease runs out (the release is ordered before the remove).
         with self._releases_lock:

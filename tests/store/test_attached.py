@@ -229,8 +229,8 @@ def test_only_the_memory_bytes_came_from_is_learned(hosted: Cluster) -> None:
         c.put("k", os.urandom(4096))
         assert c.exists("k")
         c.get("k")
-        assert c._attached_segments == {hosted.nodes["a"].segment}
-        assert remote.segment not in c._attached_segments
+        assert c._recall.attached == {hosted.nodes["a"].segment}
+        assert remote.segment not in c._recall.attached
 
 
 def test_a_client_that_stops_reading_is_dropped(hosted: Cluster) -> None:
@@ -269,7 +269,7 @@ def test_batch_into_buffers_learns_the_attached_memory(hosted: Cluster) -> None:
         c.register_buffer(arena)
         bufs = [memoryview(arena)[i * 65536:(i + 1) * 65536] for i in range(4)]
         assert c.batch_get_into(keys, bufs) == [65536] * 4  # the first may read early
-        assert c._attached_segments == {hosted.nodes["a"].segment}
+        assert c._recall.attached == {hosted.nodes["a"].segment}
         reads = _node_reads(hosted)
         assert c.batch_get_into(keys, bufs) == [65536] * 4
         assert [bytes(b) for b in bufs] == values

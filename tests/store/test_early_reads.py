@@ -117,8 +117,8 @@ def test_same_bytes_rewritten_is_a_new_version(
         assert mine.get("k") == value
         current = cluster.server.core.get(p.Get(keys=["k"], lease=False)).slots[0]
         assert isinstance(current, p.GetSlot)
-        with mine._where_lock:
-            assert mine._where["k"].version == current.version
+        with mine._recall.lock:
+            assert mine._recall.where["k"].version == current.version
 
 
 @pytest.mark.parametrize("registered", [True, False])
