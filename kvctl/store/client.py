@@ -72,7 +72,7 @@ DIRECT_WRITE_BYTES = 4 << 20
 DIRECT_READ_BYTES = 1 << 20
 #: Most object bytes a get takes attached to the master's reply (node in the master's process).
 ATTACHED_GET_BYTES = 4 << 20
-#: How long a wait for the master's reply polls before it sleeps, microseconds.
+#: How long a wait for the master's or a node's reply polls before it sleeps, microseconds.
 DEFAULT_SPIN_US = 200.0
 
 

@@ -20,6 +20,7 @@ from kvctl.store.arena import Arena, Arenas
 from kvctl.store.client import StoreClient
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.server import MasterServer
+from tests.fixtures.threads import run_threads
 from tests.store.conftest import Cluster, wait_for
 from tests.store.test_master import Clock, assert_no_overlap, node, put
 
@@ -339,22 +340,13 @@ def test_reserve_off_puts_through_the_master(cluster: Cluster) -> None:
 def test_concurrent_puts_share_a_reservation_without_overlap(cluster: Cluster) -> None:
     cluster.add_node("a", capacity_bytes=64 << 20)
     values = {f"t{t}/{i}": os.urandom(4096 + 64 * i) for t in range(4) for i in range(40)}
-    errors: list[BaseException] = []
     with StoreClient(cluster.address, transport="tcp", reserve_bytes=256 << 10) as client:
         def work(t: int) -> None:
-            try:
-                for i in range(40):
-                    key = f"t{t}/{i}"
-                    client.put(key, values[key])
-            except BaseException as exc:
-                errors.append(exc)
+            for i in range(40):
+                key = f"t{t}/{i}"
+                client.put(key, values[key])
 
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        assert not errors
+        run_threads(work, 4)
         # A put's report travels without a reply on one of the pool's connections: the
         # main thread's next request may overtake reports of the other threads' last puts.
         wait_for(lambda: all(client.batch_exists(list(values))), what="every report")

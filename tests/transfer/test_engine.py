@@ -24,6 +24,7 @@ from kvctl.transfer import (
 )
 from kvctl.transfer.admin import segment_key
 from kvctl.transfer.segments import SegmentInfo
+from tests.fixtures.threads import run_threads
 from tests.transfer._helpers import memory_url, pattern
 
 BLOCK = 16 * 1024
@@ -259,23 +260,14 @@ def test_close_is_idempotent_and_final(url: str) -> None:
 def test_concurrent_submitters_share_an_engine(target: TransferEngine, url: str) -> None:
     with _initiator(url, "tcp") as engine:
         _fill(engine.local_view("local"), run=9)
-        errors: list[BaseException] = []
 
         def worker(k: int) -> None:
-            try:
-                for _ in range(5):
-                    engine.transfer([TransferRequest(OpCode.WRITE, "local", i * BLOCK, "remote",
-                                                     i * BLOCK, BLOCK)
-                                     for i in range(k * 16, (k + 1) * 16)], timeout_s=10)
-            except BaseException as exc:
-                errors.append(exc)
+            for _ in range(5):
+                engine.transfer([TransferRequest(OpCode.WRITE, "local", i * BLOCK, "remote",
+                                                 i * BLOCK, BLOCK)
+                                 for i in range(k * 16, (k + 1) * 16)], timeout_s=10)
 
-        threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        assert not errors
+        run_threads(worker, 4, timeout_s=30)
         _check(target.local_view("remote"), run=9)
 
 
