@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.cli", "tests.fixtures.servers", "tests.fixtures.sysfs"]
+pytest_plugins = ["tests.fixtures.cli", "tests.fixtures.hosts", "tests.fixtures.servers",
+                  "tests.fixtures.sysfs"]
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,89 @@
+"""The namespaced-hosts harness itself: hosts are really apart, links shape, cleanup is total."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.hosts import MakeHosts, stop
+
+SINK = ("import socket\ns = socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen()\n"
+        "print('ready', flush=True)\nc, _ = s.accept(); n = 0\n"
+        "while (b := c.recv(1 << 20)): n += len(b)\nprint(n)")
+SEND = ("import socket, sys, time\ns = socket.create_connection((sys.argv[1], 9000))\n"
+        "block = b'x' * (1 << 20); t = time.monotonic()\n"
+        "for _ in range(int(sys.argv[2])): s.sendall(block)\n"
+        "s.close(); print(int(sys.argv[2]) * 8 * (1 << 20) / (time.monotonic() - t) / 1e6)")
+
+
+def _mbit(net_hosts: MakeHosts, shape: float | None, megabytes: int) -> float:
+    net = net_hosts(2)
+    if shape is not None:
+        net[0].shape(rate_mbit=shape)
+    sink = net[1].popen(["python3", "-c", SINK])
+    assert sink.stdout is not None
+    assert sink.stdout.readline() == b"ready\n"
+    done = net[0].run(["python3", "-c", SEND, net[1].address, str(megabytes)], timeout=60)
+    assert done.returncode == 0, done.stderr
+    out, _ = sink.communicate(timeout=30)
+    assert out.split()[-1] == str(megabytes << 20).encode()
+    return float(done.stdout)
+
+
+@pytest.mark.integration
+def test_hosts_have_their_own_hostname_shm_tmp_and_interfaces(nshosts: MakeHosts) -> None:
+    net = nshosts(3)
+    (net[0].tmp / "mark").write_text("h1 only")
+    for host in net:
+        done = host.sh("hostname; echo x > /dev/shm/seen-$(hostname); ls /dev/shm; ls /tmp; "
+                       "ls /sys/class/net; ip -4 -o addr show eth0")
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.split()
+        assert lines[0] == host.name
+        assert f"seen-{host.name}" in lines
+        assert [f for f in lines if f.startswith("seen-")] == [f"seen-{host.name}"]
+        assert ("mark" in lines) == (host.index == 0)
+        assert "eth0" in lines
+        assert f"{host.address}/24" in lines
+    # and they reach each other, but only through their own addresses
+    done = net[2].run(["python3", "-c", "import socket; socket.create_connection("
+                       f"('{net[0].address}', 1), timeout=2)"])
+    assert "ConnectionRefusedError" in done.stderr  # reached h1, nothing listens
+
+
+@pytest.mark.integration
+def test_a_shaped_link_is_slower_in_both_directions(nshosts: MakeHosts) -> None:
+    free = _mbit(nshosts, None, 32)
+    shaped = _mbit(nshosts, 80, 8)
+    assert shaped < 130 < free, (shaped, free)
+
+
+@pytest.mark.integration
+def test_close_kills_every_process_and_removes_every_namespace(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    sleeper = net[1].popen(["sleep", "600"])
+    orphan = net[1].sh("setsid sleep 600 > /dev/null 2>&1 & echo $!")
+    orphan_pid = int(orphan.stdout)
+    names = [h.netns for h in net] + [net.switch]
+    net.close()
+    net.close()
+    assert sleeper.poll() is not None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(orphan_pid):
+        time.sleep(0.05)
+    assert not _alive(orphan_pid)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            check=False).stdout
+    assert not any(name in listed for name in names)
+    assert not net.state.exists()
+    stop(sleeper)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
