@@ -76,12 +76,12 @@ Tamper = Callable[[EngineDriver, str, int], None]
 
 
 def plan_for(sweep: Sweep, *, timeout_s: float = 30.0, peer: str | None = None,
-             metadata: str | None = None) -> DriverPlan:
+             metadata: str | None = None, token: str | None = None) -> DriverPlan:
     """The driver plan a sweep needs: one region per thread, sized for its largest batch."""
     stride = sweep.region_bytes // sweep.threads
     return DriverPlan(region_bytes=sweep.region_bytes, thread_stride_bytes=stride,
                       threads=sweep.threads, local=sweep.local, remote=sweep.remote,
-                      timeout_s=timeout_s, peer=peer, metadata=metadata)
+                      timeout_s=timeout_s, peer=peer, metadata=metadata, token=token)
 
 
 def new_run_id() -> int:

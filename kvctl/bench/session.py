@@ -39,6 +39,7 @@ class RunOptions:
         timeout_s: seconds one batch may take.
         expect_line_rate / expect_gbps: thresholds that make the run a check.
         nic_rates: line rate of cross-host paths by medium (``tcp``, ``rdma``), from topology.
+        token: shared secret both ends (and the metadata service) authenticate with.
     """
 
     engines: tuple[str, ...] = ("kvctl",)
@@ -48,6 +49,7 @@ class RunOptions:
     expect_line_rate: float | None = None
     expect_gbps: float | None = None
     nic_rates: Mapping[str, LineRate] = dataclasses.field(default_factory=dict)
+    token: str | None = dataclasses.field(default=None, repr=False)
 
 
 def validate_engines(names: Sequence[str]) -> tuple[str, ...]:
@@ -113,7 +115,7 @@ def run_transfer_bench(
             first_unavailable = first_unavailable or exc
             continue
         plan = plan_for(sweep, timeout_s=options.timeout_s, peer=options.peer,
-                        metadata=options.metadata)
+                        metadata=options.metadata, token=options.token)
         with driver:
             try:
                 driver.start(plan)

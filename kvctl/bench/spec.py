@@ -52,6 +52,8 @@ class BenchSettings:
         expect_gbps: fail (exit 1) below this throughput, in GB/s (decimal).
         role: ``local`` (embedded target), ``initiator`` or ``target``.
         listen: target's listen address (``HOST:PORT``).
+        advertise: target's address(es) for peers, comma-separated ``HOST`` (default: the
+            listen address, or this host's interface addresses for ``0.0.0.0``).
         peer: initiator's target: segment name (with ``metadata``) or ``HOST:PORT``.
         metadata: metadata URL for two-host runs (peers find the segment by name).
         segment: name the target publishes its segment under.
@@ -77,6 +79,7 @@ class BenchSettings:
     expect_gbps: float | None = None
     role: str = "local"
     listen: str = "127.0.0.1:0"
+    advertise: str | None = None
     peer: str | None = None
     metadata: str | None = None
     segment: str = "kvctl-bench"

@@ -21,6 +21,7 @@ from typing import Any, Self
 from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.spec import parse_location
 from kvctl.errors import ExitCode, KvctlError
+from kvctl.net.advertise import host_of
 from kvctl.net.bind import parse_listen
 
 _log = logging.getLogger("kvctl.bench")
@@ -40,6 +41,8 @@ class TargetSpec:
         metadata: metadata URL to publish in; ``None`` runs an embedded metadata server.
         segment: name of the published segment.
         token: shared secret for the engine and metadata server, or ``None``.
+        advertise: hosts (or ``HOST:PORT``) peers reach this target at; empty: the listen
+            address, or this host's interface addresses when it is ``0.0.0.0``/``::``.
     """
 
     region_bytes: int
@@ -47,7 +50,8 @@ class TargetSpec:
     listen: str = "127.0.0.1:0"
     metadata: str | None = None
     segment: str = DEFAULT_SEGMENT
-    token: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)
+    advertise: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +95,8 @@ class BenchTarget:
         host, port = parse_listen(spec.listen)
         try:
             if spec.metadata is None:
-                self._server = MetadataServer(host, port, token=spec.token).start()
+                self._server = MetadataServer(host, port, token=spec.token,
+                                              advertise=spec.advertise).start()
                 metadata_url = self._server.url
                 listen = f"{host}:0"
             else:
@@ -99,7 +104,8 @@ class BenchTarget:
                 listen = spec.listen
             self._engine = TransferEngine(f"{spec.segment}-target-{os.getpid()}",
                                           metadata=metadata_url, listen=listen,
-                                          token=spec.token)
+                                          token=spec.token,
+                                          advertise=[host_of(a) for a in spec.advertise])
             if location.kind == "file":
                 self._engine.register_segment(spec.segment, spec.region_bytes, kind="file",
                                               path=location.path)
@@ -112,8 +118,9 @@ class BenchTarget:
         except BaseException:
             self.close()
             raise
-        address = str(self._engine.address)
-        peer = f"{host}:{self._server.port}" if self._server is not None else spec.segment
+        address = self._engine.advertised[0]
+        peer = (self._server.url.removeprefix("http://") if self._server is not None
+                else spec.segment)
         self.info = TargetInfo(metadata_url, spec.segment, address, peer)
         _log.info("bench target serving %s (%d bytes) at %s, metadata %s", spec.segment,
                   spec.region_bytes, address, metadata_url)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -97,6 +98,9 @@ def transfer(
     listen: Annotated[str | None, typer.Option(
         "--listen", help="Target: HOST:PORT to serve on. (default: 127.0.0.1:0)",
         rich_help_panel=_R)] = None,
+    advertise: Annotated[str | None, typer.Option(
+        "--advertise", help="Target: HOST peers reach it at (default: the --listen host, or "
+        "this host's interface addresses for 0.0.0.0).", rich_help_panel=_R)] = None,
     peer: Annotated[str | None, typer.Option(
         "--peer", help="Initiator: the target's segment NAME (with --metadata) or HOST:PORT.",
         rich_help_panel=_R)] = None,
@@ -149,7 +153,8 @@ def transfer(
         threads=threads, duration=duration, iterations=iterations, warmup=warmup,
         local_location=local_location, remote_location=remote_location, model=model,
         page_tokens=page_tokens, engine=tuple(engine) if engine else None,
-        max_buffer_bytes=max_buffer, timeout=timeout, role=role, listen=listen, peer=peer,
+        max_buffer_bytes=max_buffer, timeout=timeout, role=role, listen=listen,
+        advertise=advertise, peer=peer,
         metadata=metadata, segment=segment, verify=verify, expect_line_rate=expect_line_rate,
         expect_gbps=expect_gbps)
     out = opts.output(json_mode=bool(modes))
@@ -187,7 +192,7 @@ def transfer(
     nic_rates = _nic_rates(opts, out, str(sweep.local)) if settings.peer else {}
     options = RunOptions(engines=engines, peer=settings.peer, metadata=settings.metadata,
                          timeout_s=settings.timeout, expect_line_rate=settings.expect_line_rate,
-                         expect_gbps=settings.expect_gbps, nic_rates=nic_rates)
+                         expect_gbps=settings.expect_gbps, nic_rates=nic_rates, token=token)
     total = len(sweep.configs()) * len(engines)
     with out.progress("bench transfer", total=total) as bar:
         task = bar.task_ids[0]
@@ -236,24 +241,43 @@ def _nic_rates(opts: GlobalOptions, out: Output, location: str) -> dict[str, Lin
 
 def _serve_target(out: Output, settings: BenchSettings, region_bytes: int, token: str | None,
                   serve_for_s: float | None) -> None:
+    advertise = tuple(a.strip() for a in (settings.advertise or "").split(",") if a.strip())
     spec = TargetSpec(region_bytes=region_bytes, location=settings.remote_location,
                       listen=settings.listen, metadata=settings.metadata,
-                      segment=settings.segment, token=token)
+                      segment=settings.segment, token=token, advertise=advertise)
     stop = threading.Event()
     with BenchTarget(spec) as target:
         info = target.info
         if info is None:  # pragma: no cover - start() sets it
             raise UsageError("target did not start", "rerun with -v")
         if out.json_mode:
-            out.emit_json("bench.target", dataclasses.asdict(info))
+            out.emit_json("bench.target", {**dataclasses.asdict(info),
+                                           "initiator": initiator_command(settings, info.peer)})
         out.info(f"Serving segment {info.segment} ({format_size(region_bytes)}) at "
                  f"{info.address}; metadata {info.metadata_url}")
-        out.info(f"On the initiator: kvctl bench transfer --role initiator --peer {info.peer}"
-                 + (f" --metadata {settings.metadata}" if settings.metadata else ""))
+        out.info(f"On the initiator: {initiator_command(settings, info.peer)}")
         try:
             stop.wait(serve_for_s)
         except KeyboardInterrupt:
             out.info("Stopping target.")
+
+
+def initiator_command(settings: BenchSettings, peer: str) -> str:
+    """The initiator command that fits a target started with ``settings``: the same sweep
+    shape (block sizes, batch sizes, threads or model pages), so its segment is big enough."""
+    words = ["kvctl", "bench", "transfer", "--role", "initiator", "--peer", peer]
+    if settings.metadata:
+        words += ["--metadata", settings.metadata]
+    if settings.model:
+        words += ["--model", settings.model, "--page-tokens", str(settings.page_tokens)]
+    else:
+        words += ["--block-size", settings.block_size]
+    words += ["--batch-size", settings.batch_size]
+    if settings.threads != 1:
+        words += ["--threads", str(settings.threads)]
+    if settings.engine != ("kvctl",):
+        words += [w for e in settings.engine for w in ("--engine", e)]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _fmt(value: float | None, spec: str = ".2f") -> str:

@@ -26,13 +26,23 @@ def parse_listen(text: str, *, default_port: int = 0) -> tuple[str, int]:
     return host, port
 
 
+def is_loopback(host: str) -> bool:
+    """A loopback address (``127.0.0.0/8``, ``::1``) or ``localhost``."""
+    host = host.strip("[]")
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def is_unspecified(host: str) -> bool:
+    """``0.0.0.0``, ``::`` or empty: bound to every interface."""
+    return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
 def announce_bind(kind: str, host: str, port: int) -> None:
     """Log where a listener is bound; binding beyond loopback is logged as a warning."""
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = host == "localhost"
-    if loopback:
+    if is_loopback(host):
         _log.info("%s listening on %s:%d (loopback)", kind, host, port)
     else:
         _log.warning("%s listening on %s:%d: reachable from other hosts by explicit choice",

@@ -198,6 +198,7 @@ def bench_transfer(params: BenchTransferParams, ctx: RunContext) -> list[CheckRe
     from kvctl.bench.result import shortfalls
     from kvctl.bench.session import RunOptions, run_transfer_bench, validate_engines
     from kvctl.bench.spec import BenchSettings, build_sweep
+    from kvctl.config import CommonSettings
 
     settings = BenchSettings(
         transport=params.transport, op=params.op, block_size=params.block_size,
@@ -208,7 +209,8 @@ def bench_transfer(params: BenchTransferParams, ctx: RunContext) -> list[CheckRe
     options = RunOptions(engines=validate_engines(settings.engine), peer=params.peer,
                          metadata=params.metadata, timeout_s=params.timeout,
                          expect_line_rate=params.expect_line_rate,
-                         expect_gbps=params.expect_gbps)
+                         expect_gbps=params.expect_gbps,
+                         token=ctx.settings(CommonSettings).token)
     report = run_transfer_bench(build_sweep(settings), options,
                                 on_row=lambda row: ctx.progress(f"bench {row.label()}"))
     threshold = " and ".join(

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Self, cast
 
 from kvctl.errors import KvctlError, UsageError
+from kvctl.net.advertise import advertised_addresses
 from kvctl.net.bind import parse_listen
 from kvctl.net.framing import FrameError
 from kvctl.transfer import protocol
@@ -123,8 +124,10 @@ class TransferEngine:
         transport: ``auto`` (default), ``shm``, ``tcp`` or ``rdma``.
         listen: ``HOST:PORT`` for the target server (started on the first registration);
             loopback with any free port by default.
-        advertise: addresses published for peers (default: the bound address). Several
-            addresses give initiators several paths.
+        advertise: addresses published for peers, ``HOST`` (the bound port) or
+            ``HOST:PORT``; by default the bound address, or every interface address when
+            bound to ``0.0.0.0``/``::`` (see :mod:`kvctl.net.advertise`). Several addresses
+            give initiators several paths.
         token: shared secret for challenge-response authentication (``None``: open).
         connections_per_peer: TCP paths (connections + worker threads) per target.
         nics: local IP addresses to spread TCP connections over (e.g. topo's ranking for the
@@ -233,6 +236,13 @@ class TransferEngine:
     def rdma_unavailable_reason(self) -> str | None:
         """Why RDMA is not used by this engine (``None`` when it is available)."""
         return self._rdma_reason
+
+    @property
+    def advertised(self) -> tuple[str, ...]:
+        """``HOST:PORT`` addresses published for peers (empty before the first segment)."""
+        if self._server is None:
+            return ()
+        return advertised_addresses(self._server.host, self._server.port, self._advertise)
 
     @property
     def address(self) -> str | None:
@@ -348,7 +358,7 @@ class TransferEngine:
                     offered.append("rdma")
                 info = SegmentInfo(
                     name=seg.name, kind=seg.kind, engine=self.name, host=self.host,
-                    pid=os.getpid(), addresses=self._advertise or (self._server.address,),
+                    pid=os.getpid(), addresses=self.advertised,
                     seg_id=seg_id, transports=tuple(offered), buffers=seg.buffer_infos(),
                     auth=self._token is not None, rdma=rdma)
                 self._segments[seg.name] = seg

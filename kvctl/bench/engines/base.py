@@ -31,6 +31,8 @@ class DriverPlan:
         peer: for two-host runs, the target (segment name or ``HOST:PORT``); ``None`` runs an
             embedded target process on loopback.
         metadata: metadata URL of a two-host run, else ``None``.
+        token: shared secret (``KVCTL_TOKEN``) for the target, the metadata service and the
+            initiator's own engine, or ``None``.
     """
 
     region_bytes: int
@@ -41,6 +43,7 @@ class DriverPlan:
     timeout_s: float = 30.0
     peer: str | None = None
     metadata: str | None = None
+    token: str | None = dataclasses.field(default=None, repr=False)
 
     def require_loopback_host_memory(self, engine: str) -> None:
         """For drivers that run their own loopback target on host memory (Mooncake, NIXL).

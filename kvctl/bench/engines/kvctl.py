@@ -9,7 +9,6 @@ loopback unless ``peer`` names one.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import mmap
 import os
@@ -21,16 +20,12 @@ from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, Pat
 from kvctl.bench.spec import Op
 from kvctl.bench.target import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec
 from kvctl.errors import UsageError
+from kvctl.net.advertise import host_of
+from kvctl.net.bind import is_loopback
+from kvctl.transfer.metadata.base import MetadataError
+from kvctl.units import format_size
 
 _log = logging.getLogger("kvctl.bench")
-
-
-def _is_loopback(address: str) -> bool:
-    host = address.rpartition(":")[0].strip("[]") or address
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def describe_paths(paths: Iterable[str]) -> str:
@@ -76,6 +71,8 @@ class KvctlDriver(EngineDriver):
 
     def start(self, plan: DriverPlan) -> None:
         self._plan = plan
+        if plan.token is not None:
+            self.token = plan.token
         if plan.local.kind == "cuda":
             from kvctl.errors import UnavailableError
 
@@ -128,15 +125,28 @@ class KvctlDriver(EngineDriver):
             self._poke_name = f"kvctl-bench-poke-{tag}"
             engine.register_memory(self._poke_name, [self._poke_buf])
             handle = engine.open_segment(self.segment)
+        except MetadataError as exc:
+            engine.close()
+            if plan.peer is not None and plan.metadata is None and "cannot reach" in exc.cause:
+                port = plan.peer.rpartition(":")[2] or "7400"
+                raise MetadataError(
+                    f"cannot reach the bench target at {plan.peer}: "
+                    f"{exc.cause.rpartition(': ')[2]}",
+                    "start it on that host: kvctl bench transfer --role target --listen "
+                    f"0.0.0.0:{port} (or sh examples/runbooks/two-hosts-target.sh); check "
+                    "the address, the port and firewalls between the hosts") from None
+            raise
         except BaseException:
             engine.close()
             raise
         if handle.size_bytes < plan.region_bytes:
             engine.close()
             raise UsageError(
-                f"target segment {self.segment!r} has {handle.size_bytes} bytes, the sweep "
-                f"needs {plan.region_bytes}",
-                "start the target with the same --block-size/--batch-size/--threads flags")
+                f"target segment {self.segment!r} has {format_size(handle.size_bytes)}, the "
+                f"sweep needs {format_size(plan.region_bytes)} (largest block x largest batch "
+                "x threads)",
+                "run the initiator command the target printed (it has the target's "
+                "--block-size/--batch-size/--threads), or restart the target with this sweep's")
         self._engine, self._engine_transport = engine, transport
         self._requests.clear()
         self._describe_next = True
@@ -145,7 +155,7 @@ class KvctlDriver(EngineDriver):
             path = f"shm same-host ({handle.name})"
         else:
             path = f"{handle.transport} -> {address}"
-        loopback = handle.same_host and (handle.transport == "shm" or _is_loopback(address))
+        loopback = handle.same_host and (handle.transport == "shm" or is_loopback(host_of(address)))
         return PathInfo(handle.transport, path, loopback)
 
     # ------------------------------------------------------------------ batches

@@ -42,6 +42,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from kvctl import __version__
 from kvctl.errors import UsageError
+from kvctl.net.advertise import advertised_addresses
 from kvctl.net.auth import RequestVerifier
 from kvctl.net.bind import announce_bind
 
@@ -226,6 +228,8 @@ class MetadataServer:
         max_body_bytes: largest request body accepted (413 beyond).
         max_connections: connections served at once (503 beyond).
         metrics: where to count requests (``kvctl metadata serve --metrics-port``).
+        advertise: ``HOST`` or ``HOST:PORT`` peers should use (``--advertise``); by default
+            the bound address, or the host's first interface address for a wildcard bind.
     """
 
     def __init__(
@@ -239,12 +243,14 @@ class MetadataServer:
         max_body_bytes: int = 4 << 20,
         max_connections: int = 256,
         metrics: ServerMetrics | None = None,
+        advertise: Sequence[str] = (),
     ) -> None:
         if request_timeout_s <= 0 or max_body_bytes <= 0 or max_connections <= 0:
             raise UsageError("metadata server limits must be positive",
                              "give a positive request timeout, body limit and connection cap")
         self.host = host
         self.port = port
+        self.advertise = tuple(advertise)
         self.data_dir = data_dir
         self.request_timeout_s = request_timeout_s
         self.max_body_bytes = max_body_bytes
@@ -261,13 +267,9 @@ class MetadataServer:
 
     @property
     def url(self) -> str:
-        """The URL clients use: ``http://host:port`` (the host name when bound to all)."""
-        host = self.host
-        if host in ("", "0.0.0.0", "::"):
-            host = socket.gethostname()
-        elif ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        """The URL peers use: ``http://HOST:PORT`` at the advertised address (an interface
+        address of this host when bound to all, never ``0.0.0.0``)."""
+        return f"http://{advertised_addresses(self.host, self.port, self.advertise)[0]}"
 
     def entry_count(self) -> int:
         """Live entries held right now (0 when stopped); the ``entries`` metric."""
