@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from kvctl import __version__
+from kvctl.argv import normalise
 from kvctl.commands._common import GlobalOptions
 from kvctl.config import read_config_file
 from kvctl.errors import ExitCode, KvctlError, UsageError
@@ -137,7 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     debug = os.environ.get("KVCTL_DEBUG", "") not in ("", "0")
     try:
-        result = app(args=args, prog_name="kvctl", standalone_mode=False)
+        # One command tree serves both: placing global options and parsing.
+        tree = typer.main.get_command(app)
+        result = tree.main(args=normalise(tree, args), prog_name="kvctl",
+                           standalone_mode=False)
     except KvctlError as err:
         if debug:
             traceback.print_exc()
