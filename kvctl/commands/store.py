@@ -173,16 +173,25 @@ def node(
                                                 help="Node name (default: random).")] = None,
     node_listen: Annotated[str | None, typer.Option(
         "--node-listen", show_default=False,
-        help="Data-path HOST:PORT (default: 127.0.0.1:0).")] = None,
+        help="Data-path HOST:PORT (default: loopback for a master on loopback, else the "
+        "address that reaches the master, any port).")] = None,
+    advertise: Annotated[str | None, typer.Option(
+        "--advertise", show_default=False,
+        help="HOST clients reach the data path at (default: the listen address; the "
+        "interface addresses for 0.0.0.0).")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a storage node for a master until SIGINT/SIGTERM.
 
-    Example: kvctl store node --master 127.0.0.1:50051 --capacity 4GiB --ssd /mnt/nvme/kv
+    A node whose master is on another host listens on the address that reaches the master,
+    and tells the master that address (never loopback).
+
+    Example: kvctl store node --master 10.0.0.5:50051 --capacity 4GiB --ssd /mnt/nvme/kv
     """
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, master=master, capacity=capacity, ssd=ssd,
-                             ssd_policy=ssd_policy, node_id=node_id, node_listen=node_listen)
+                             ssd_policy=ssd_policy, node_id=node_id, node_listen=node_listen,
+                             advertise=advertise)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     address = resolve_master(settings)

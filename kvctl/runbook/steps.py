@@ -254,11 +254,14 @@ class StoreSmokeParams:
 @register_step("store-smoke", StoreSmokeParams, "the KV store keeps and returns objects")
 def store_smoke(params: StoreSmokeParams, ctx: RunContext) -> list[CheckResult]:
     from kvctl.config import CommonSettings
+    from kvctl.store.settings import StoreSettings
     from kvctl.store.smoke import run_kvctl, run_mooncake
 
     token = ctx.settings(CommonSettings).token
     if params.backend == "kvctl":
-        report = run_kvctl(params.master, token=token, progress=ctx.progress)
+        transport = ctx.settings(StoreSettings).transport
+        report = run_kvctl(params.master, token=token, progress=ctx.progress,
+                           transport=transport)
     elif params.backend == "mooncake":
         report = run_mooncake(params.master, progress=ctx.progress)
     else:

@@ -111,8 +111,9 @@ def start_node(settings: StoreSettings, master: str, *, token: str | None) -> St
     capacity = settings.capacity or default_capacity_bytes()
     return StorageNode(master, node_id=settings.node_id or None, capacity_bytes=capacity,
                        ssd_dir=settings.ssd, ssd_capacity_bytes=settings.ssd_capacity,
-                       ssd_policy=settings.ssd_policy, listen=settings.node_listen,
-                       token=token, heartbeat_s=min(0.5, settings.node_timeout / 4))
+                       ssd_policy=settings.ssd_policy, listen=settings.node_listen or None,
+                       token=token, heartbeat_s=min(0.5, settings.node_timeout / 4),
+                       advertise=[a.strip() for a in settings.advertise.split(",") if a.strip()])
 
 
 class EmbeddedStore:

@@ -17,10 +17,12 @@ import logging
 import os
 import secrets
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvctl.errors import KvctlError, UsageError
+from kvctl.net.advertise import advertised_hosts, host_of, join_host_port, route_source
+from kvctl.net.bind import is_loopback, is_unspecified, parse_listen
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import SSD_POLICIES
@@ -38,6 +40,40 @@ class _DroppedError(StoreUnavailableError):
     """The master declared this node's memory dead: register new memory instead."""
 
 
+def node_listen_for(master: str, listen: str | None, advertise: Sequence[str] = ()) -> str:
+    """Where a node's data path listens, given its master's address.
+
+    A master on loopback keeps the node on loopback. A master on another host needs a
+    data path its clients can reach: by default the local address that routes to the
+    master; an explicit loopback ``listen`` without ``advertise`` is refused.
+
+    Raises:
+        UsageError: a loopback data path for a master on another host.
+    """
+    master_host = host_of(master)
+    remote = not is_loopback(master_host) and not is_unspecified(master_host)
+    if listen is None:
+        if not remote:
+            return "0.0.0.0:0" if is_unspecified(master_host) else "127.0.0.1:0"
+        return join_host_port(route_source(master_host) or "0.0.0.0", 0)
+    if remote and is_loopback(parse_listen(listen)[0]) and not advertise:
+        raise UsageError(
+            f"the node's data path would listen on {listen}, but its master {master} is on "
+            "another host: clients there could not reach this node",
+            "drop --node-listen (the node then listens on the address that reaches the "
+            "master), give --node-listen 0.0.0.0:0 or this host's address, or add "
+            "--advertise HOST")
+    return listen
+
+
+def _preferred(listen: str, prefer: str | None) -> tuple[str, ...]:
+    """For a wildcard bind: advertise the address that reaches the master first."""
+    host = parse_listen(listen)[0]
+    if not is_unspecified(host) or prefer is None:
+        return ()
+    return advertised_hosts(host, prefer=prefer)
+
+
 class StorageNode:
     """Run one storage node until :meth:`close`.
 
@@ -48,7 +84,10 @@ class StorageNode:
         ssd_dir: SSD tier directory (``None``: no SSD tier).
         ssd_capacity_bytes: most bytes kept on SSD.
         ssd_policy: ``write-through`` or ``write-back`` (ignored without ``ssd_dir``).
-        listen: ``HOST:PORT`` of the data path (transfer engine target server).
+        listen: ``HOST:PORT`` of the data path (transfer engine target server); ``None``
+            picks one that the master's other clients can reach (:func:`node_listen_for`).
+        advertise: ``HOST`` (or ``HOST:PORT``) clients reach the data path at, when it is
+            not the listen address (NAT, a wildcard bind).
         token: shared secret for the master and the data path.
         heartbeat_s: heartbeat long-poll period, seconds (keep well under the master's
             node timeout).
@@ -58,8 +97,9 @@ class StorageNode:
     def __init__(self, master: str, *, node_id: str | None = None,
                  capacity_bytes: int = 1 << 30, ssd_dir: Path | None = None,
                  ssd_capacity_bytes: int = 64 << 30, ssd_policy: str = "write-through",
-                 listen: str = "127.0.0.1:0", token: str | None = None,
-                 heartbeat_s: float = 0.5, ssd_fsync: bool = False) -> None:
+                 listen: str | None = None, token: str | None = None,
+                 heartbeat_s: float = 0.5, ssd_fsync: bool = False,
+                 advertise: Sequence[str] = ()) -> None:
         if capacity_bytes <= 0:
             raise UsageError(f"node capacity {capacity_bytes} is not positive",
                              "give --capacity a size such as 1GiB")
@@ -84,9 +124,12 @@ class StorageNode:
             self.ssd_policy = ssd_policy
             self.ssd_capacity_bytes = ssd_capacity_bytes
         self.segment = f"{self.node_id}.{self.epoch[:8]}"
+        listen = node_listen_for(master, listen, advertise)
+        prefer = None if is_loopback(host_of(master)) else route_source(host_of(master))
         self.engine = TransferEngine(f"store-{self.segment}",
                                      metadata=f"memory://kvctl-store-{self.segment}",
-                                     listen=listen, token=token)
+                                     listen=listen, token=token,
+                                     advertise=advertise or _preferred(listen, prefer))
         #: old segments to unregister once no transfer is in flight on them (see _renew)
         self._retiring: list[str] = []
         try:
@@ -142,8 +185,9 @@ class StorageNode:
 
     @property
     def endpoint(self) -> str:
-        """``host:port`` of the node's data path."""
-        return self.engine.address or ""
+        """``host:port`` clients reach the node's data path at (what the master is told)."""
+        advertised = self.engine.advertised
+        return advertised[0] if advertised else ""
 
     def _register(self) -> MasterConnection:
         try:

@@ -31,7 +31,10 @@ class StoreSettings:
         replicas: copies each put stores, on distinct nodes.
         transport: client data path: ``auto`` (shm on the same host, else tcp), ``shm``,
             ``tcp``.
-        node_listen: data-path ``HOST:PORT`` of a node (port 0: any free port).
+        node_listen: data-path ``HOST:PORT`` of a node (port 0: any free port); empty: on
+            loopback for a master on loopback, else on the address that reaches the master.
+        advertise: ``HOST`` clients reach a node's data path at (default: where it listens,
+            or the interface addresses for ``0.0.0.0``).
         node_id: node name (default: random).
         high_watermark: usage fraction of a node that starts eviction.
         evict_ratio: eviction brings usage down to ``high_watermark - evict_ratio``.
@@ -52,7 +55,8 @@ class StoreSettings:
     state: str = "none"
     replicas: int = 1
     transport: str = "auto"
-    node_listen: str = "127.0.0.1:0"
+    node_listen: str = ""
+    advertise: str = ""
     node_id: str = ""
     high_watermark: float = 0.95
     evict_ratio: float = 0.05

@@ -234,11 +234,12 @@ def _wait_for(cond: Callable[[], bool], timeout_s: float) -> bool:
     return cond()
 
 
-def _failover(run: _Run, client: StoreClient, stop_node: Callable[[str], None] | None) -> str:
+def _failover(run: _Run, client: StoreClient, stop_node: Callable[[str], None] | None,
+              replicated: Callable[[], StoreClient]) -> str:
     nodes = [n for n in client.status().nodes if n.alive]
     if len(nodes) < 2:
         raise _SkipError(f"needs 2 or more nodes ({len(nodes)} live)")
-    with StoreClient(client.master, replicas=2) as c2:
+    with replicated() as c2:
         key = run.key("failover")
         value = _value(256 * KiB)
         c2.put(key, value)
@@ -342,21 +343,27 @@ def _ssd_verify(run: _Run, client: StoreClient, probe: _SsdProbe) -> str:
 
 
 def run_kvctl(master: str | None = None, *, token: str | None = None,
-              progress: Callable[[str], None] | None = None) -> SmokeReport:
-    """Run every check against ``master``, or against an embedded store started here."""
+              progress: Callable[[str], None] | None = None,
+              transport: str = "auto") -> SmokeReport:
+    """Run every check against ``master``, or against an embedded store started here;
+    every client moves bytes over ``transport`` (``auto``, ``shm`` or ``tcp``)."""
     embedded: _EmbeddedCluster | None = None
     if master is None:
         embedded = _EmbeddedCluster()
         master = embedded.address
     try:
-        client = StoreClient(master, token=token)
+        def new_client(replicas: int = 1) -> StoreClient:
+            return StoreClient(master, token=token, transport=transport, replicas=replicas)
+
+        client = new_client()
         try:
-            run, _ = run_portable(client, new_client=lambda: StoreClient(master, token=token),
+            run, _ = run_portable(client, new_client=new_client,
                                   progress=progress)
             probe = _SsdProbe()
             run.check("ssd-persist", lambda: _ssd_prepare(run, client, probe))
             run.check("failover", lambda: _failover(
-                run, client, embedded.stop_node if embedded else None))
+                run, client, embedded.stop_node if embedded else None,
+                lambda: new_client(replicas=2)))
             run.check("eviction", lambda: _eviction(run, client))
             run.check("ssd-read", lambda: _ssd_verify(run, client, probe))
             for start in range(0, len(run.keys), 1024):
