@@ -35,14 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: Doc commands the parser rejects today ("file: command" → why). The docs belong to their
 #: authors: a fix there makes the entry XPASS (strict), and then it leaves this list.
-KNOWN_REJECTED: dict[str, str] = {
-    "docs/sim.md: kvctl sim pool --store":
-        "prose ('`kvctl sim pool --store` took 19.4 s') names the option without its "
-        "HOST:PORT value; as typed, the parser says --store requires an argument",
-    "kvctl/commands/store.py: kvctl store node --master":
-        "the help text of 'store master' says \"nodes join with 'kvctl store node --master'\" "
-        "with no HOST:PORT; as typed, --master requires an argument",
-}
+KNOWN_REJECTED: dict[str, str] = {}
 
 _SHELL_OPS = {"|", "||", "&&", ";", "&", ";;"}
 _REDIRECT = re.compile(r"(?<=\s)\d*(?:>>?|<)&?\s*[^\s|;&]+")  # > f, >> f, 2>&1, < f

@@ -135,7 +135,7 @@ def master(
     tenant: TenantOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Run a store master alone (nodes join with 'kvctl store node --master').
+    """Run a store master alone (nodes join with 'kvctl store node --master HOST:PORT').
 
     Tenants: --tenant NAME=TOKEN (repeatable) confines a client with TOKEN to keys under
     NAME/ (KVCTL_TOKEN stays the admins' and nodes').

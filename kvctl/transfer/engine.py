@@ -37,6 +37,7 @@ from kvctl.transfer import protocol
 from kvctl.transfer.admin import list_segments, lookup_segment, segment_key
 from kvctl.transfer.batch import Batch, BatchResult, OpCode, RequestStatus, TransferRequest
 from kvctl.transfer.errors import (
+    AuthError,
     BusyError,
     OutOfRangeError,
     SegmentNotFoundError,
@@ -493,6 +494,12 @@ class TransferEngine:
 
     def _resolve(self, name: str) -> RemoteSegment:
         info = self.lookup(name)
+        if self._token is not None and not info.auth:
+            # One side configured, the other not: say so now, not as a late auth failure.
+            raise AuthError(
+                f"segment {name!r} (engine {info.engine} at {', '.join(info.addresses)}) "
+                "is served without a token, but this side has one",
+                "set the same KVCTL_TOKEN (or common.token) on both hosts, or unset it here")
         transport = self._choose(info)
         remote = RemoteSegment(info, transport)
         with self._lock:
