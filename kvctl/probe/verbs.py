@@ -50,8 +50,10 @@ WIDTH_LANES = {1: 1, 2: 4, 4: 8, 8: 12, 16: 2}
 PORT_STATES = {0: "NOP", 1: "DOWN", 2: "INIT", 3: "ARMED", 4: "ACTIVE", 5: "ACTIVE_DEFER"}
 #: ``link_layer`` → name.
 LINK_LAYERS = {0: "Unspecified", 1: "InfiniBand", 2: "Ethernet"}
-#: ``ibv_gid_type`` (``query_gid_type``) → sysfs spelling.
-GID_TYPES = {0: "IB/RoCE v1", 1: "IB/RoCE v1", 2: "RoCE v2"}
+#: ``enum ibv_gid_type_sysfs`` (what ``ibv_query_gid_type``, and so pyverbs'
+#: ``query_gid_type``, returns: 0 IB/RoCE v1, 1 RoCE v2) → sysfs spelling. Not
+#: ``enum ibv_gid_type`` of ``ibv_query_gid_ex`` (IB 0, RoCE v1 1, RoCE v2 2).
+GID_TYPES = {0: "IB/RoCE v1", 1: "RoCE v2"}
 
 
 @dataclasses.dataclass(frozen=True)

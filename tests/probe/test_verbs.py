@@ -33,7 +33,7 @@ class FakeContext:
         raise FakeError("no gid")
 
     def query_gid_type(self, port: int, index: int) -> int:
-        return 2
+        return 1  # IBV_GID_TYPE_SYSFS_ROCE_V2, as ibv_query_gid_type answers
 
     def close(self) -> None:
         self.closed = True
