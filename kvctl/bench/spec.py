@@ -51,7 +51,8 @@ class BenchSettings:
         expect_line_rate: fail (exit 1) below this fraction of the path's line rate.
         expect_gbps: fail (exit 1) below this throughput, in GB/s (decimal).
         role: ``local`` (embedded target), ``initiator`` or ``target``.
-        listen: target's listen address (``HOST:PORT``).
+        listen: target's listen address (``HOST:PORT``); empty: loopback, or with a
+            ``metadata`` service on another host the address that routes to it.
         advertise: target's address(es) for peers, comma-separated ``HOST`` (default: the
             listen address, or this host's interface addresses for ``0.0.0.0``).
         peer: initiator's target: segment name (with ``metadata``) or ``HOST:PORT``.
@@ -78,7 +79,7 @@ class BenchSettings:
     expect_line_rate: float | None = None
     expect_gbps: float | None = None
     role: str = "local"
-    listen: str = "127.0.0.1:0"
+    listen: str = ""
     advertise: str | None = None
     peer: str | None = None
     metadata: str | None = None

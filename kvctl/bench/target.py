@@ -21,7 +21,7 @@ from typing import Any, Self
 from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.spec import parse_location
 from kvctl.errors import ExitCode, KvctlError
-from kvctl.net.advertise import host_of
+from kvctl.net.advertise import check_reachable, host_of
 from kvctl.net.bind import parse_listen
 
 _log = logging.getLogger("kvctl.bench")
@@ -37,7 +37,8 @@ class TargetSpec:
         region_bytes: size of the served segment.
         location: ``cpu:N`` (shared memory), ``file:PATH`` or ``cuda:N``.
         listen: ``HOST:PORT`` (port 0: any free one). Without ``metadata`` this is the
-            metadata server's address, which initiators pass as ``--peer``.
+            metadata server's address, which initiators pass as ``--peer`` (empty: loopback);
+            with one, empty picks the address that routes to the metadata service.
         metadata: metadata URL to publish in; ``None`` runs an embedded metadata server.
         segment: name of the published segment.
         token: shared secret for the engine and metadata server, or ``None``.
@@ -47,7 +48,7 @@ class TargetSpec:
 
     region_bytes: int
     location: str = "cpu:0"
-    listen: str = "127.0.0.1:0"
+    listen: str = ""
     metadata: str | None = None
     segment: str = DEFAULT_SEGMENT
     token: str | None = dataclasses.field(default=None, repr=False)
@@ -89,6 +90,7 @@ class BenchTarget:
         """
         from kvctl.transfer.engine import TransferEngine
         from kvctl.transfer.metadata import MetadataServer
+        from kvctl.transfer.metadata.base import service_host
 
         spec = self.spec
         location = parse_location(spec.location, what="remote location")
@@ -98,12 +100,16 @@ class BenchTarget:
                 self._server = MetadataServer(host, port, token=spec.token,
                                               advertise=spec.advertise).start()
                 metadata_url = self._server.url
-                listen = f"{host}:0"
+                own_url = self._server.local_url
+                listen: str | None = f"{host}:0"
             else:
-                metadata_url = spec.metadata
-                listen = spec.listen
+                metadata_url = own_url = spec.metadata
+                listen = spec.listen or None
+                if listen is not None:
+                    check_reachable(service_host(metadata_url), listen, spec.advertise,
+                                    what="the bench target", flag="--listen")
             self._engine = TransferEngine(f"{spec.segment}-target-{os.getpid()}",
-                                          metadata=metadata_url, listen=listen,
+                                          metadata=own_url, listen=listen,
                                           token=spec.token,
                                           advertise=[host_of(a) for a in spec.advertise])
             if location.kind == "file":

@@ -96,7 +96,8 @@ def transfer(
         "--role", help="local (embedded target), initiator or target. (default: local)",
         rich_help_panel=_R)] = None,
     listen: Annotated[str | None, typer.Option(
-        "--listen", help="Target: HOST:PORT to serve on. (default: 127.0.0.1:0)",
+        "--listen", help="Target: HOST:PORT to serve on. (default: 127.0.0.1:0; with a "
+        "--metadata service on another host, the address that routes to it)",
         rich_help_panel=_R)] = None,
     advertise: Annotated[str | None, typer.Option(
         "--advertise", help="Target: HOST peers reach it at (default: the --listen host, or "

@@ -42,7 +42,8 @@ def register(
         "--path", show_default=False, help="Backing file of a file segment.")] = None,
     listen: Annotated[str | None, typer.Option(
         "--listen", show_default=False,
-        help="HOST:PORT of the target server (default 127.0.0.1:0, any free port).")] = None,
+        help="HOST:PORT of the target server (default: loopback, or the address that routes "
+        "to a metadata service on another host; any free port).")] = None,
     metadata: MetadataOpt = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -60,7 +61,7 @@ def register(
     engine_name = settings.engine or f"{name}-engine"
     with stop_on_signal() as stop, open_configured(
         common, opts.settings(MetadataSettings)) as client, TransferEngine(
-        engine_name, client, cluster_id=common.cluster_id, listen=settings.listen,
+        engine_name, client, cluster_id=common.cluster_id, listen=settings.listen or None,
         token=common.token, lease_ttl_s=settings.lease_ttl_s,
         connections_per_peer=settings.connections, slice_bytes=settings.slice_size,
     ) as engine:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 import psutil
 
 from kvctl.errors import UsageError
-from kvctl.net.bind import LOOPBACK, is_unspecified
+from kvctl.net.bind import LOOPBACK, is_loopback, is_unspecified, parse_listen
 
 #: interface name -> (family, address) pairs of the interfaces that are up.
 Interfaces = Callable[[], Mapping[str, Sequence[tuple[int, str]]]]
@@ -125,3 +125,32 @@ def advertised_addresses(bound_host: str, port: int, override: Sequence[str] = (
         return tuple(out)
     return tuple(join_host_port(h, port) for h in advertised_hosts(
         bound_host, prefer=prefer, interfaces=interfaces))
+
+
+def default_listen(peer_host: str | None) -> str:
+    """Where a listener binds when not told, given where its peers are: loopback when they
+    are on this host (or unknown), else the local address that routes to ``peer_host``
+    (any port). Loopback stays the default for everything that runs on one host."""
+    if peer_host is None or is_loopback(peer_host):
+        return f"{LOOPBACK}:0"
+    if is_unspecified(peer_host):
+        return "0.0.0.0:0"
+    return join_host_port(route_source(peer_host) or "0.0.0.0", 0)
+
+
+def check_reachable(peer_host: str | None, listen: str, advertise: Sequence[str], *,
+                    what: str, flag: str) -> None:
+    """Refuse a loopback ``listen`` (without ``advertise``) when peers are on another host.
+
+    Raises:
+        UsageError: peers at ``peer_host`` could never reach ``listen``; the hint names
+            ``flag`` and ``--advertise``.
+    """
+    if peer_host is None or is_loopback(peer_host) or is_unspecified(peer_host) or advertise:
+        return
+    if is_loopback(parse_listen(listen)[0]):
+        raise UsageError(
+            f"{what} would listen on {listen}, but its peers reach it through {peer_host}, "
+            "another host: they could not connect",
+            f"drop {flag} (it then listens on the address that routes to {peer_host}), give "
+            f"{flag} 0.0.0.0:0 or this host's address, or add --advertise HOST")

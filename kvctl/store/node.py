@@ -21,7 +21,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvctl.errors import KvctlError, UsageError
-from kvctl.net.advertise import advertised_hosts, host_of, join_host_port, route_source
+from kvctl.net.advertise import (
+    advertised_hosts,
+    check_reachable,
+    default_listen,
+    host_of,
+    route_source,
+)
 from kvctl.net.bind import is_loopback, is_unspecified, parse_listen
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
@@ -41,28 +47,17 @@ class _DroppedError(StoreUnavailableError):
 
 
 def node_listen_for(master: str, listen: str | None, advertise: Sequence[str] = ()) -> str:
-    """Where a node's data path listens, given its master's address.
-
-    A master on loopback keeps the node on loopback. A master on another host needs a
-    data path its clients can reach: by default the local address that routes to the
-    master; an explicit loopback ``listen`` without ``advertise`` is refused.
+    """Where a node's data path listens, given its master's address: loopback for a master
+    on loopback, else the local address that routes to the master.
 
     Raises:
-        UsageError: a loopback data path for a master on another host.
+        UsageError: an explicit loopback ``listen`` (no ``advertise``) for a master on
+            another host.
     """
-    master_host = host_of(master)
-    remote = not is_loopback(master_host) and not is_unspecified(master_host)
     if listen is None:
-        if not remote:
-            return "0.0.0.0:0" if is_unspecified(master_host) else "127.0.0.1:0"
-        return join_host_port(route_source(master_host) or "0.0.0.0", 0)
-    if remote and is_loopback(parse_listen(listen)[0]) and not advertise:
-        raise UsageError(
-            f"the node's data path would listen on {listen}, but its master {master} is on "
-            "another host: clients there could not reach this node",
-            "drop --node-listen (the node then listens on the address that reaches the "
-            "master), give --node-listen 0.0.0.0:0 or this host's address, or add "
-            "--advertise HOST")
+        return default_listen(host_of(master))
+    check_reachable(host_of(master), listen, advertise, what="the node's data path",
+                    flag="--node-listen")
     return listen
 
 

@@ -30,8 +30,8 @@ from types import TracebackType
 from typing import Any, Self, cast
 
 from kvctl.errors import KvctlError, UsageError
-from kvctl.net.advertise import advertised_addresses
-from kvctl.net.bind import parse_listen
+from kvctl.net.advertise import advertised_addresses, default_listen
+from kvctl.net.bind import is_loopback, parse_listen
 from kvctl.net.framing import FrameError
 from kvctl.transfer import protocol
 from kvctl.transfer.admin import list_segments, lookup_segment, segment_key
@@ -47,6 +47,7 @@ from kvctl.transfer.errors import (
     TransportUnavailableError,
 )
 from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, key_prefix, open_metadata
+from kvctl.transfer.metadata.base import service_host
 from kvctl.transfer.paths import RetryPolicy
 from kvctl.transfer.segments import (
     BufferInfo,
@@ -124,7 +125,9 @@ class TransferEngine:
         cluster_id: namespace under ``kvctl/``.
         transport: ``auto`` (default), ``shm``, ``tcp`` or ``rdma``.
         listen: ``HOST:PORT`` for the target server (started on the first registration);
-            loopback with any free port by default.
+            by default any free port on loopback, or, when the metadata service is on
+            another host, on the local address that routes to it (peers there must reach
+            the published address).
         advertise: addresses published for peers, ``HOST`` (the bound port) or
             ``HOST:PORT``; by default the bound address, or every interface address when
             bound to ``0.0.0.0``/``::`` (see :mod:`kvctl.net.advertise`). Several addresses
@@ -153,7 +156,7 @@ class TransferEngine:
         *,
         cluster_id: str = "",
         transport: str = "auto",
-        listen: str = "127.0.0.1:0",
+        listen: str | None = None,
         advertise: Sequence[str] = (),
         token: str | None = None,
         connections_per_peer: int = 4,
@@ -177,7 +180,6 @@ class TransferEngine:
         self.transport = transport
         self.cluster_id = cluster_id
         self._prefix = key_prefix(cluster_id)
-        self._listen = parse_listen(listen)
         self._advertise = tuple(advertise)
         self._token = token
         self._max_frame_bytes = max_frame_bytes
@@ -186,6 +188,15 @@ class TransferEngine:
         self._own_metadata = isinstance(metadata, str)
         self.metadata = (open_metadata(metadata, token=token) if isinstance(metadata, str)
                          else metadata)
+        peers = service_host(self.metadata.url)
+        if listen is None:
+            listen = default_listen(peers)
+        elif peers is not None and not self._advertise and is_loopback(
+                parse_listen(listen)[0]) and not is_loopback(peers):
+            _log.warning("engine %s listens on %s but publishes in %s on another host: "
+                         "peers there cannot reach it (listen on 0.0.0.0 or this host's "
+                         "address, or advertise one)", name, listen, self.metadata.url)
+        self._listen = parse_listen(listen)
         self.host = host_id()
         self._lock = threading.RLock()
         self._segments: dict[str, LocalSegment] = {}

@@ -5,7 +5,7 @@
     segment:
       size: 64MiB          # default size of a registered segment
       kind: shm            # shm | file
-      listen: 127.0.0.1:0  # target server address (port 0: any free port)
+      listen: 127.0.0.1:0  # target server address (port 0: any free port; empty: auto)
       lease_ttl_s: 10s     # how long a crashed process's segments stay visible
       connections: 4       # TCP paths per peer for initiators
       slice_size: 1MiB     # requests above this are sliced over paths
@@ -28,7 +28,8 @@ class SegmentSettings:
         size: segment size in bytes (accepts ``64MiB``).
         kind: ``shm`` (host DRAM in shared memory) or ``file`` (needs ``path``).
         path: backing file of a ``file`` segment.
-        listen: ``HOST:PORT`` of the target server (loopback by default).
+        listen: ``HOST:PORT`` of the target server; empty: loopback, or the address that
+            routes to the metadata service when that is on another host.
         engine: engine name published with the segment (default ``<segment>-engine``).
         lease_ttl_s: lease TTL in seconds.
         connections: TCP paths (connections) per peer.
@@ -38,7 +39,7 @@ class SegmentSettings:
     size: int = dataclasses.field(default=64 << 20, metadata={"unit": "size"})
     kind: str = "shm"
     path: Path | None = None
-    listen: str = "127.0.0.1:0"
+    listen: str = ""
     engine: str = ""
     lease_ttl_s: float = dataclasses.field(default=10.0, metadata={"unit": "duration"})
     connections: int = 4

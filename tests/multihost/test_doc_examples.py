@@ -95,8 +95,46 @@ def test_store_across_three_hosts(nshosts: MakeHosts, token: bool, transport: st
 
 
 def test_every_marked_example_is_tested() -> None:
-    text = GUIDE.read_text()
-    marked = set(re.findall(r"<!--\s*example:\s*([\w.-]+)\s*-->", text))
+    marked = set()
+    for doc in [*REPO.glob("docs/*.md"), *REPO.glob("examples/**/*.md"), REPO / "README.md"]:
+        marked |= set(re.findall(r"<!--\s*example:\s*([\w.-]+)\s*-->", doc.read_text()))
     tested = {"two-hosts", "two-hosts-etcd", "metadata-serve", "store-three-hosts",
-              "mooncake-cluster"}
+              "bench-two-hosts", "bench-two-hosts-etcd", "mooncake-cluster"}
     assert marked <= tested, marked - tested
+
+
+BENCH = REPO / "docs" / "bench.md"
+
+
+def _bench_rows(stdout: str, target: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = json.loads(stdout)["rows"]
+    assert rows
+    for row in rows:
+        assert row["errors"] == 0
+        assert row["verified"]
+        assert f"{target}:" in row["path"], row
+    return rows
+
+
+def _json_last(steps: list[Any]) -> list[Any]:
+    last = steps[-1]
+    return [*steps[:-1], type(last)(last.host, last.command + " --json", last.background)]
+
+
+@pytest.mark.parametrize("token", [False, True], ids=["open", "token"])
+def test_bench_two_hosts_by_address(nshosts: MakeHosts, token: bool) -> None:
+    net = nshosts(2)
+    run = run_example(_json_last(load_example(BENCH, "bench-two-hosts")), net,
+                      env=_env(net, token))
+    rows = _bench_rows(run.last().stdout, net[0].address)
+    assert {r["transport"] for r in rows} == {"tcp"}  # rdma: skipped with its reason here
+    assert "rdma" in json.dumps(json.loads(run.last().stdout)["skipped"])
+
+
+def test_bench_two_hosts_through_etcd(nshosts: MakeHosts) -> None:
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    net = nshosts(3)
+    run = run_example(_json_last(load_example(BENCH, "bench-two-hosts-etcd")), net,
+                      env=_env(net, True))
+    _bench_rows(run.last().stdout, net[0].address)

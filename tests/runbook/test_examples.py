@@ -291,62 +291,8 @@ def test_two_hosts_needs_the_target_variable(kvctl: Kvctl) -> None:
     assert "Hint: export BENCH_TARGET=" in r.stderr
 
 
-# -- two hosts for real: network namespaces joined by a veth pair ----------------------------
-
-
-@pytest.fixture
-def two_namespaces() -> Iterator[tuple[str, str]]:
-    """Namespaces A (10.231.7.1) and B (10.231.7.2) joined by a veth pair; (A, B) names."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2 (apt-get install iproute2)")
-    tag = f"{os.getpid() % 100000}{int(time.monotonic() * 1000) % 1000}"
-    a, b, va, vb = f"kvex-a{tag}", f"kvex-b{tag}", f"kva{tag}", f"kvb{tag}"
-    setup = [["ip", "netns", "add", a], ["ip", "netns", "add", b],
-             ["ip", "link", "add", va, "type", "veth", "peer", "name", vb],
-             ["ip", "link", "set", va, "netns", a], ["ip", "link", "set", vb, "netns", b],
-             ["ip", "-n", a, "addr", "add", "10.231.7.1/24", "dev", va],
-             ["ip", "-n", b, "addr", "add", "10.231.7.2/24", "dev", vb],
-             ["ip", "-n", a, "link", "set", va, "up"], ["ip", "-n", b, "link", "set", vb, "up"],
-             ["ip", "-n", a, "link", "set", "lo", "up"], ["ip", "-n", b, "link", "set", "lo", "up"]]
-    try:
-        for i, cmd in enumerate(setup):
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
-            if done.returncode != 0:
-                if i == 0:
-                    pytest.skip(f"cannot create a network namespace here: {done.stderr.strip()}")
-                raise AssertionError(f"{' '.join(cmd)}: {done.stderr.strip()}")
-        yield a, b
-    finally:
-        for ns in (a, b):  # deleting a namespace deletes its end of the veth pair
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10,
-                           check=False)
-
-
-@pytest.mark.integration
-def test_two_hosts_across_network_namespaces(two_namespaces: tuple[str, str],
-                                             tmp_path: Path) -> None:
-    ns_a, ns_b = two_namespaces
-    bindir = str(Path(sys.executable).parent)
-    if shutil.which("kvctl", path=bindir) is None:
-        pytest.skip(f"no kvctl console script next to {sys.executable} (pip install -e .)")
-    env = {**os.environ, "PATH": f"{bindir}:{os.environ.get('PATH', '')}"}
-    target = subprocess.Popen(
-        ["ip", "netns", "exec", ns_a, "sh", str(EXAMPLES / "two-hosts-target.sh"), "--json",
-         "--serve-for", "60s"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**env, "LISTEN": "10.231.7.1:0"})
-    try:
-        info = _read_json_doc(target, time.monotonic() + START_DEADLINE_S)
-        assert info["peer"].startswith("10.231.7.1:")
-        done = subprocess.run(
-            ["ip", "netns", "exec", ns_b, "kvctl", "runbook", str(EXAMPLES / "two-hosts.yaml"),
-             "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
-            env={**env, "BENCH_TARGET": info["peer"]}, check=False)
-    finally:
-        target.terminate()
-        target.communicate(timeout=10)
-    assert done.returncode == 0, done.stdout + done.stderr
-    found = {r["check"]: r for r in json.loads(done.stdout)["results"]}
-    _assert_cross_host_rows(found, info["address"])
+# -- two hosts for real: tests/multihost/ runs the operator guide's examples on namespaced
+# hosts (own network, /dev/shm, /tmp and hostname).
 
 
 # -- Mooncake cluster -------------------------------------------------------------------------

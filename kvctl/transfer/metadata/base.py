@@ -171,6 +171,18 @@ def open_metadata(
     return factory(parsed, url, MetadataOptions(token=token, timeout_s=timeout_s))
 
 
+def service_host(url: str) -> str | None:
+    """The (first) host a networked metadata URL names; ``None`` for ``memory://``,
+    ``file://`` and URLs that do not parse (opening them reports the error)."""
+    try:
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme in ("", "memory", "file"):
+            return None
+        return split_endpoints(parsed, url, default_port=1)[0][0]
+    except (ValueError, UsageError):
+        return None
+
+
 def split_endpoints(
     parsed: urllib.parse.SplitResult, url: str, *, default_port: int | None
 ) -> list[tuple[str, int]]:

@@ -50,9 +50,9 @@ from typing import TYPE_CHECKING, Any, Self
 
 from kvctl import __version__
 from kvctl.errors import UsageError
-from kvctl.net.advertise import advertised_addresses
+from kvctl.net.advertise import advertised_addresses, join_host_port
 from kvctl.net.auth import RequestVerifier
-from kvctl.net.bind import announce_bind
+from kvctl.net.bind import LOOPBACK, announce_bind, is_unspecified
 
 if TYPE_CHECKING:
     from kvctl.metrics import ServerMetrics
@@ -270,6 +270,13 @@ class MetadataServer:
         """The URL peers use: ``http://HOST:PORT`` at the advertised address (an interface
         address of this host when bound to all, never ``0.0.0.0``)."""
         return f"http://{advertised_addresses(self.host, self.port, self.advertise)[0]}"
+
+    @property
+    def local_url(self) -> str:
+        """The URL for clients in this process or host: the bound address (loopback for a
+        wildcard bind), whatever is advertised to peers."""
+        host = LOOPBACK if is_unspecified(self.host) else self.host
+        return f"http://{join_host_port(host, self.port)}"
 
     def entry_count(self) -> int:
         """Live entries held right now (0 when stopped); the ``entries`` metric."""

@@ -1,0 +1,157 @@
+"""Cross-host behaviour beyond the documented examples, on namespaced hosts.
+
+- What a target prints for the other host is a command that works there as pasted.
+- A token on one side only is a clear authentication error within seconds, never a hang.
+- A store node never registers a loopback data path with a master on another host.
+- A shaped link is seen: the rows to and from the slow host miss ``--expect-gbps``.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import shlex
+import subprocess
+import time
+from typing import Any
+
+import pytest
+
+from tests.fixtures.hosts import MakeHosts, read_json_doc, stop
+from tests.fixtures.nshosts import Host
+
+pytestmark = pytest.mark.integration
+TOKEN = "cross-host-secret-19c4"
+SMALL = ["--block-size", "256KiB", "--batch-size", "8"]
+
+
+def _target(host: Host, *extra: str, env: dict[str, str] | None = None
+            ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    proc = host.popen(["kvctl", "bench", "transfer", "--role", "target", "--listen",
+                       "0.0.0.0:7400", "--json", *extra], env=env)
+    return proc, read_json_doc(proc)
+
+
+def _stderr_line(proc: subprocess.Popen[bytes], prefix: str, timeout_s: float = 20) -> str:
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout_s
+    buffered = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], 0.2)
+        if ready:
+            chunk = proc.stderr.read1(65536)  # type: ignore[attr-defined]
+            if not chunk:
+                break
+            buffered += chunk
+            for line in buffered.decode(errors="replace").splitlines():
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+    raise AssertionError(f"no {prefix!r} line: {buffered.decode(errors='replace')[-2000:]}")
+
+
+def test_the_printed_initiator_command_works_when_pasted(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    proc = net[0].popen(["kvctl", "bench", "transfer", "--role", "target", "--listen",
+                         "0.0.0.0:7400", "--block-size", "64KiB,512KiB", "--batch-size", "16"])
+    command = _stderr_line(proc, "On the initiator:")
+    assert f"--peer {net[0].address}:7400" in command
+    assert "0.0.0.0" not in command
+    done = net[1].run([*shlex.split(command), "--iterations", "2", "--verify", "--json"],
+                      timeout=120)
+    stop(proc)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    assert {r["block_size_bytes"] for r in rows} == {64 << 10, 512 << 10}
+    assert all(r["errors"] == 0 and r["verified"] for r in rows)
+
+
+def test_target_on_a_wildcard_advertises_its_interface_address(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    proc, info = _target(net[0], *SMALL)
+    stop(proc)
+    assert info["peer"] == f"{net[0].address}:7400"
+    assert info["address"].startswith(f"{net[0].address}:")
+    assert info["metadata_url"] == f"http://{net[0].address}:7400"
+    assert info["initiator"].startswith("kvctl bench transfer --role initiator --peer ")
+
+
+def test_advertise_overrides_what_the_target_publishes(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    proc, info = _target(net[0], *SMALL, "--advertise", "kv-a.example")
+    stop(proc)
+    assert info["peer"] == "kv-a.example:7400"
+    assert info["address"].startswith("kv-a.example:")
+
+
+@pytest.mark.parametrize("who", ["target", "initiator"])
+def test_a_token_on_one_side_only_is_a_clear_error_not_a_hang(nshosts: MakeHosts,
+                                                              who: str) -> None:
+    net = nshosts(2)
+    with_token = {"KVCTL_TOKEN": TOKEN}
+    proc, info = _target(net[0], *SMALL, env=with_token if who == "target" else None)
+    started = time.monotonic()
+    done = net[1].run(["kvctl", "bench", "transfer", "--role", "initiator", "--peer",
+                       info["peer"], *SMALL, "-t", "tcp", "--iterations", "2"],
+                      env=with_token if who == "initiator" else None, timeout=60)
+    elapsed = time.monotonic() - started
+    stop(proc)
+    assert done.returncode != 0
+    assert elapsed < 20, elapsed
+    assert "Error:" in done.stderr
+    assert "Hint:" in done.stderr
+    assert "token" in done.stderr.lower(), done.stderr
+
+
+def test_a_loopback_node_for_a_remote_master_is_refused(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    master = net[0].popen(["kvctl", "store", "master", "--listen", "0.0.0.0:50051",
+                           "--json"])
+    read_json_doc(master)
+    done = net[1].run(["kvctl", "store", "node", "--master", f"{net[0].address}:50051",
+                       "--capacity", "16MiB", "--node-listen", "127.0.0.1:0"], timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "--node-listen" in done.stderr
+    assert "Hint:" in done.stderr
+    # without --node-listen the node registers the address that reaches the master
+    node = net[1].popen(["kvctl", "store", "node", "--master", f"{net[0].address}:50051",
+                         "--capacity", "16MiB", "--json"])
+    info = read_json_doc(node)
+    assert info["endpoint"].startswith(f"{net[1].address}:")
+    status = net[0].run(["kvctl", "store", "status", "--master", f"{net[0].address}:50051",
+                         "--json"], timeout=30)
+    stop(node)
+    stop(master)
+    nodes = json.loads(status.stdout)["nodes"]
+    assert [n["endpoint"].rpartition(":")[0] for n in nodes] == [net[1].address]
+
+
+def _bench(initiator: Host, target: Host, expect: float) -> dict[str, Any]:
+    done = initiator.run(["kvctl", "bench", "transfer", "--role", "initiator", "--peer",
+                          f"{target.address}:7400", *SMALL, "-t", "tcp", "--iterations", "6",
+                          "--warmup", "1", "--expect-gbps", str(expect), "--json"],
+                         timeout=120)
+    doc = json.loads(done.stdout)
+    doc["exit_code"] = done.returncode
+    return doc
+
+
+def test_a_shaped_link_fails_exactly_the_rows_that_cross_it(nshosts: MakeHosts) -> None:
+    net = nshosts(3)
+    for host in net:  # a quarter of the others' rate on host C
+        host.shape(rate_mbit=100 if host.index == 2 else 400)
+    expect = 0.025  # GB/s: 400 Mbit/s is 0.05, 100 Mbit/s is 0.0125
+    targets = {h.index: _target(h, *SMALL)[0] for h in (net[0], net[2])}
+    try:
+        fast = _bench(net[1], net[0], expect)      # B -> A: both links 400 Mbit/s
+        into_slow = _bench(net[1], net[2], expect)  # B -> C: C's link is slow
+        from_slow = _bench(net[2], net[0], expect)  # C -> A
+    finally:
+        for proc in targets.values():
+            stop(proc)
+    assert fast["exit_code"] == 0, fast["verdict"]
+    assert not fast["verdict"]["shortfalls"]
+    for doc in (into_slow, from_slow):
+        assert doc["exit_code"] == 1
+        missed = {s["label"] for s in doc["verdict"]["shortfalls"]}
+        assert len(missed) == len(doc["rows"]) == 2, doc["verdict"]
+        assert all(r["throughput_gbps"] < expect for r in doc["rows"])
