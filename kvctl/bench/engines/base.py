@@ -45,16 +45,13 @@ class DriverPlan:
     metadata: str | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
 
-    def require_loopback_host_memory(self, engine: str) -> None:
-        """For drivers that run their own loopback target on host memory (Mooncake, NIXL).
+    def require_host_memory(self, engine: str) -> None:
+        """For drivers that benchmark host memory only (Mooncake, NIXL), on loopback or across
+        hosts.
 
         Raises:
-            UsageError: the plan names a peer, or a buffer that is not ``cpu:N``.
+            UsageError: a buffer that is not ``cpu:N``.
         """
-        if self.peer is not None:
-            raise UsageError(f"the {engine} driver runs its own loopback target only",
-                             f"drop --peer/--role for --engine {engine.lower()}, or use "
-                             "--engine kvctl")
         if self.local.kind != "cpu" or self.remote.kind != "cpu":
             raise UsageError(f"the {engine} driver benchmarks host memory (cpu:N) only",
                              "use --local-location cpu:0 --remote-location cpu:0")
@@ -100,6 +97,9 @@ class EngineDriver(abc.ABC):
     name: ClassVar[str]
     #: How to install the engine when it is missing.
     install_hint: ClassVar[str]
+    #: Whether the session runs this driver in a child process of its own (engines whose
+    #: native libraries must stay out of kvctl's process: NIXL crashes at exit).
+    isolated: ClassVar[bool] = False
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

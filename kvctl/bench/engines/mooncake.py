@@ -3,10 +3,18 @@
 Set-up mirrors how serving stacks use it: both sides call ``initialize(host, "P2PHANDSHAKE",
 protocol, "")`` (no etcd), register their memory with ``register_memory``, and the initiator
 addresses the target by its session id ``host:rpc_port`` plus the target buffer's address,
-moving batches with ``batch_transfer_sync_read/write``. The target runs in a separate,
-spawned process on 127.0.0.1; ``MC_TCP_BIND_ADDRESS=127.0.0.1`` keeps Mooncake from
-advertising the first active interface's address instead. ``MC_LOG_LEVEL`` defaults to
-``ERROR`` to keep Mooncake's glog lines off the terminal.
+moving batches with ``batch_transfer_sync_read/write``. The target is a spawned process: on
+127.0.0.1 for a loopback run, at the host's routable address under ``--role target``
+(:mod:`kvctl.bench.engines.serve`). ``host`` is that address on the target and the address
+that routes to the target on the initiator; ``MC_TCP_BIND_ADDRESS`` is set to the same, since
+Mooncake otherwise advertises its first active interface's address. ``MC_LOG_LEVEL``
+defaults to ``ERROR`` to keep Mooncake's glog lines off the terminal.
+
+Mooncake's ``initialize`` ignores its protocol argument (it only picks a buffer allocator):
+it installs RDMA whenever it finds an active HCA, else TCP, unless ``MC_FORCE_TCP`` is set.
+So ``--transport tcp`` sets ``MC_FORCE_TCP=1``; ``rdma`` and ``auto`` leave it unset and the
+row is labelled with what Mooncake installed (read back from its topology: HCAs found means
+RDMA); ``rdma`` is skipped when Mooncake installed TCP, and both sides must agree.
 
 Mooncake's Python API reports a batch as a whole (0 or a negative code), so a failed batch
 counts all its requests as errors; it does not report retries.
@@ -17,22 +25,35 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
+import json
 import logging
 import mmap
 import multiprocessing.connection
 import os
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from kvctl.bench.child import ChildProcess, serve_until_stopped
-from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, PathInfo
+from kvctl.bench.engines.base import BatchOutcome, PathInfo
+from kvctl.bench.engines.foreign import (
+    ForeignDriver,
+    ForeignTarget,
+    launch_target,
+    local_host_toward,
+    stdout_to_stderr,
+)
 from kvctl.bench.spec import Op
 from kvctl.errors import KvctlError, UnavailableError, UsageError
+from kvctl.net.advertise import join_host_port
+from kvctl.net.bind import is_loopback
 
 _log = logging.getLogger("kvctl.bench")
 
 PACKAGE = "mooncake-transfer-engine-non-cuda"
 _POKE_BYTES = 4096
+#: Transports this driver runs, and the protocol argument each passes to ``initialize``.
 _PROTOCOLS = {"tcp": "tcp", "auto": "tcp", "rdma": "rdma"}
+_HINT = "rerun with MC_LOG_LEVEL=INFO to see Mooncake's log"
 
 
 class MooncakeError(KvctlError):
@@ -53,42 +74,96 @@ def _import_engine() -> Any:
     return importlib.import_module("mooncake.engine")
 
 
-def _new_engine(protocol: str) -> Any:
+def installed_transport(topology_json: str, env: Mapping[str, str]) -> str:
+    """The transport Mooncake's ``initialize`` installed, as its own rule decides it:
+    ``tcp`` under ``MC_FORCE_TCP``, ``rdma`` when it found an HCA (or ``MC_FORCE_HCA``),
+    else ``tcp``.
+
+    Args:
+        topology_json: ``TransferEngine.get_local_topology()`` (location: [[preferred HCAs],
+            [other HCAs]]).
+        env: the environment ``initialize`` ran with.
+
+    Raises:
+        MooncakeError: the topology is unreadable.
+    """
+    if env.get("MC_FORCE_TCP"):
+        return "tcp"
+    if env.get("MC_FORCE_HCA"):
+        return "rdma"
+    try:
+        topology = json.loads(topology_json)
+        hcas = {h for lists in topology.values() for hca_list in lists for h in hca_list}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise MooncakeError(f"cannot tell which transport Mooncake installed: its topology "
+                            f"is unreadable ({exc})", _HINT) from None
+    return "rdma" if hcas else "tcp"
+
+
+def _new_engine(transport: str, host: str) -> tuple[Any, str]:
+    """A Mooncake engine initialised at ``host`` for ``transport``, and what it installed.
+
+    Raises:
+        MooncakeError: ``initialize`` failed.
+        UnavailableError: ``rdma`` was asked and Mooncake installed TCP.
+    """
     module = _import_engine()
+    if transport == "tcp":
+        os.environ["MC_FORCE_TCP"] = "1"
+    else:
+        os.environ.pop("MC_FORCE_TCP", None)
+    os.environ["MC_TCP_BIND_ADDRESS"] = host
+    protocol = _PROTOCOLS[transport]
     engine = module.TransferEngine()
-    rc = engine.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "")
+    rc = engine.initialize(host, "P2PHANDSHAKE", protocol, "")
     if rc != 0:
-        raise MooncakeError(f"Mooncake initialize(127.0.0.1, P2PHANDSHAKE, {protocol}) "
-                            f"returned {rc}",
-                            "see Mooncake's log (MC_LOG_LEVEL=INFO) for the cause")
-    return engine
+        raise MooncakeError(f"Mooncake initialize({host}, P2PHANDSHAKE, {protocol}) "
+                            f"returned {rc}", _HINT)
+    used = installed_transport(engine.get_local_topology(), os.environ)
+    if transport == "rdma" and used != "rdma":
+        raise UnavailableError("Mooncake rdma unavailable: it found no active RDMA device "
+                               "(HCA) and installed tcp", "use --transport tcp on hosts "
+                               "without RDMA, or check the HCAs with ibv_devinfo")
+    return engine, used
 
 
-def _target_main(region_bytes: int, protocol: str,
+def _register(engine: Any, size: int) -> tuple[mmap.mmap, int]:
+    mm = mmap.mmap(-1, size)
+    address = _address_of(mm)
+    rc = engine.register_memory(address, size)
+    if rc != 0:
+        mm.close()
+        raise MooncakeError(f"Mooncake register_memory({size} bytes) returned {rc}",
+                            "check memlock limits (ulimit -l) and free memory")
+    return mm, address
+
+
+def _target_main(region_bytes: int, transport: str, host: str,
                  conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the spawned Mooncake target process."""
+    stdout_to_stderr()
     _env_defaults()
     try:
-        engine = _new_engine(protocol)
-        mm = mmap.mmap(-1, region_bytes)
-        address = _address_of(mm)
-        rc = engine.register_memory(address, region_bytes)
-        if rc != 0:
-            raise MooncakeError(f"Mooncake register_memory({region_bytes} bytes) returned {rc}",
-                                "check memlock limits (ulimit -l) and free memory")
-        session = f"127.0.0.1:{engine.get_rpc_port()}"
+        engine, used = _new_engine(transport, host)
+        mm, address = _register(engine, region_bytes)
+        port = engine.get_rpc_port()
     except KvctlError as exc:
-        conn.send(("error", exc.cause, exc.hint))
+        conn.send(("error", exc.cause, exc.hint, isinstance(exc, UnavailableError)))
         return
-    conn.send(("ready", session, address))
+    conn.send(("ready", ForeignTarget(
+        engine="mooncake", transport=transport, used=used, host=host, address=address,
+        region_bytes=region_bytes, session=join_host_port(host, port))))
     serve_until_stopped(conn)
     engine.unregister_memory(address)
+    del engine  # before the mapping it served goes
+    mm.close()
 
 
-class MooncakeDriver(EngineDriver):
+class MooncakeDriver(ForeignDriver):
     """Drives ``mooncake.engine.TransferEngine`` (target in a spawned process)."""
 
     name: ClassVar[str] = "mooncake"
+    label: ClassVar[str] = "Mooncake"
     install_hint: ClassVar[str] = (
         f"pip install {PACKAGE} (or 'pip install kvctl[engines]'); it needs libibverbs1 "
         "(apt-get install libibverbs1)")
@@ -103,62 +178,43 @@ class MooncakeDriver(EngineDriver):
             return f"mooncake.engine does not load ({exc})"
         return None
 
+    @classmethod
+    def check_transport(cls, transport: str, *, cross_host: bool) -> None:
+        if transport not in _PROTOCOLS:
+            raise UnavailableError(
+                f"Mooncake's Python TransferEngine has no {transport!r} transport here",
+                "compare engines with --transport tcp (or auto, rdma)")
+
+    @classmethod
+    def launch_target(cls, region_bytes: int, transport: str, host: str
+                      ) -> tuple[ChildProcess, ForeignTarget]:
+        cls.check_transport(transport, cross_host=not is_loopback(host))
+        return launch_target(_target_main, (region_bytes, transport, host),
+                             name="Mooncake target", hint=_HINT)
+
     def __init__(self) -> None:
-        self._plan: DriverPlan | None = None
-        self._protocol: str | None = None
+        super().__init__()
         self._engine: Any = None
         self._mm: mmap.mmap | None = None
         self._local_address = 0
         self._session = ""
         self._remote_address = 0
-        self._child: ChildProcess | None = None
         self._lists: dict[tuple[int, int, int], tuple[list[int], list[int], list[int]]] = {}
 
-    def start(self, plan: DriverPlan) -> None:
-        plan.require_loopback_host_memory("Mooncake")
-        self._plan = plan
-
-    def prepare(self, transport: str) -> PathInfo:
-        protocol = _PROTOCOLS.get(transport)
-        if protocol is None:
-            raise UnavailableError(
-                f"Mooncake's Python TransferEngine has no {transport!r} transport here",
-                "compare engines with --transport tcp (or auto)")
-        if protocol == "rdma":
-            from kvctl.transfer.transports.rdma import rdma_unavailable_reason
-
-            reason = rdma_unavailable_reason()
-            if reason is not None:
-                raise UnavailableError(f"Mooncake rdma unavailable: {reason}",
-                                       "use --transport tcp on hosts without RDMA")
-        if protocol != self._protocol:
-            self._stop()
-            self._launch(protocol)
-        return PathInfo(protocol, f"{protocol} -> {self._session}", loopback=True)
-
-    def _launch(self, protocol: str) -> None:
+    def _connect(self, target: ForeignTarget) -> PathInfo:
         plan = self._require_plan()
-        _env_defaults()
-        self._child = ChildProcess(_target_main, (plan.region_bytes, protocol),
-                                   name="Mooncake target",
-                                   hint="rerun with MC_LOG_LEVEL=INFO to see Mooncake's log")
-        message = self._child.start(60)
-        if message[0] == "error":
-            self._stop()
-            raise MooncakeError(message[1], message[2])
-        _, self._session, self._remote_address = message
-        engine = _new_engine(protocol)
+        engine, used = _new_engine(target.transport, local_host_toward(target.host))
+        self._engine = engine
+        if used != target.used:
+            raise UnavailableError(
+                f"Mooncake installed {used} here but {target.used} on the target "
+                f"({target.session})", f"use --transport tcp on both hosts, or {target.used} "
+                "on both")
         size = plan.region_bytes + _POKE_BYTES
-        mm = mmap.mmap(-1, size)
-        address = _address_of(mm)
-        rc = engine.register_memory(address, size)
-        if rc != 0:
-            self._stop()
-            raise MooncakeError(f"Mooncake register_memory({size} bytes) returned {rc}",
-                                "check memlock limits (ulimit -l) and free memory")
-        self._engine, self._mm, self._local_address = engine, mm, address
-        self._protocol = protocol
+        self._mm, self._local_address = _register(engine, size)
+        self._session, self._remote_address = target.session, target.address
         self._lists.clear()
+        return PathInfo(used, f"{used} -> {target.session}", loopback=is_loopback(target.host))
 
     def _addresses(self, block: int, batch: int, thread: int
                    ) -> tuple[list[int], list[int], list[int]]:
@@ -174,8 +230,7 @@ class MooncakeDriver(EngineDriver):
 
     def run_batch(self, transport: str, op: Op, block_size_bytes: int, batch_size: int,
                   thread_index: int) -> BatchOutcome:
-        if self._engine is None or _PROTOCOLS.get(transport) != self._protocol:
-            self.prepare(transport)
+        self._ready(transport)
         local, remote, lengths = self._addresses(block_size_bytes, batch_size, thread_index)
         if op is Op.WRITE:
             rc = self._engine.batch_transfer_sync_write(self._session, local, remote, lengths)
@@ -192,8 +247,7 @@ class MooncakeDriver(EngineDriver):
         return memoryview(self._mm)[offset : offset + length]
 
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:
-        if self._engine is None or _PROTOCOLS.get(transport) != self._protocol:
-            self.prepare(transport)
+        self._ready(transport)
         if len(data) > _POKE_BYTES or self._mm is None:
             raise UsageError(f"poke_remote writes at most {_POKE_BYTES} bytes", "split the data")
         plan = self._require_plan()
@@ -205,24 +259,12 @@ class MooncakeDriver(EngineDriver):
             raise MooncakeError(f"Mooncake write of {len(data)} bytes returned {rc}",
                                 "check that the target process is alive")
 
-    def _require_plan(self) -> DriverPlan:
-        if self._plan is None:
-            raise UsageError("Mooncake driver not started", "call start() first")
-        return self._plan
-
-    def _stop(self) -> None:
+    def _release(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None and self._local_address:
             engine.unregister_memory(self._local_address)
         self._local_address = 0
-        self._protocol = None
-        child, self._child = self._child, None
-        if child is not None:
-            child.stop()
         del engine  # Mooncake tears down when the engine object goes
-
-    def close(self) -> None:
-        self._stop()
         mm, self._mm = self._mm, None
         if mm is not None:
             try:

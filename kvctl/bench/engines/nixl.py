@@ -5,14 +5,21 @@ wheels (``nixl-cu12``, ``nixl-cu13``) import and run the UCX backend on host mem
 without a GPU. This driver imports ``nixl._api`` or, failing that, ``nixl_cu12._api`` /
 ``nixl_cu13._api``.
 
-Set-up follows nixlbench's two-agent shape: the target agent runs in a spawned process,
-registers its region and hands over its agent metadata and buffer address; the initiator
-adds the remote agent, prepares one transfer handle per (op, block size, batch, thread) once
-and re-posts it for every batch, polling ``check_xfer_state`` until ``DONE``.
+Set-up follows nixlbench's two-agent shape: the target agent runs in a spawned process
+(on loopback, or under ``--role target`` on another host), registers its region and hands over
+its agent metadata and buffer address; the initiator adds the remote agent, prepares one
+transfer handle per (op, block size, batch, thread) once and re-posts it for every batch,
+polling ``check_xfer_state`` until ``DONE``.
 
 Transports map to UCX transport lists (``UCX_TLS``) set when each agent is created:
-``tcp`` → ``tcp``, ``shm`` → ``sm,self``, ``auto`` → UCX's own choice. The row's transport
-reads ``ucx-tcp``, ``ucx-sm`` or ``ucx``.
+``tcp`` → ``tcp``, ``shm`` → ``sm,self`` (same host only), ``auto`` → UCX's own choice. The
+row's transport reads ``ucx-tcp``, ``ucx-sm`` or ``ucx``. Across hosts each agent's UCX is
+held to the interface of its routable address (``UCX_NET_DEVICES``, unless already set), so
+the address the target published is the one the bytes use.
+
+NIXL 1.5.1 crashes at exit in any process that created an agent (exit 139): the target
+process ends with ``os._exit`` after its teardown, and the session runs this driver in a
+child process of its own (:mod:`kvctl.bench.engines.isolated`).
 """
 
 from __future__ import annotations
@@ -24,14 +31,25 @@ import logging
 import mmap
 import multiprocessing.connection
 import os
+import socket
+import sys
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from kvctl.bench.child import ChildProcess, serve_until_stopped
-from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, PathInfo
+from kvctl.bench.engines.base import BatchOutcome, PathInfo
+from kvctl.bench.engines.foreign import (
+    ForeignDriver,
+    ForeignTarget,
+    interface_of,
+    launch_target,
+    local_host_toward,
+    stdout_to_stderr,
+)
 from kvctl.bench.spec import Op
 from kvctl.errors import KvctlError, UnavailableError, UsageError
+from kvctl.net.bind import is_loopback
 
 _log = logging.getLogger("kvctl.bench")
 
@@ -62,25 +80,40 @@ def _import_api() -> Any:
 
 
 @contextlib.contextmanager
-def _ucx_tls(value: str | None) -> Iterator[None]:
-    """Set ``UCX_TLS`` while an agent (and its UCX context) is created."""
-    old = os.environ.get("UCX_TLS")
-    if value is None:
-        os.environ.pop("UCX_TLS", None)
-    else:
-        os.environ["UCX_TLS"] = value
+def _ucx_env(values: dict[str, str | None]) -> Iterator[None]:
+    """Set UCX variables (``None``: unset) while an agent (and its UCX context) is created."""
+    old = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     try:
         yield
     finally:
-        if old is None:
-            os.environ.pop("UCX_TLS", None)
-        else:
-            os.environ["UCX_TLS"] = old
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
-def _new_agent(name: str, tls: str | None) -> Any:
+def _ucx_settings(tls: str | None, host: str) -> dict[str, str | None]:
+    """``UCX_TLS``, and across hosts ``UCX_NET_DEVICES`` = the interface holding ``host``."""
+    values: dict[str, str | None] = {"UCX_TLS": tls}
+    if not is_loopback(host) and "UCX_NET_DEVICES" not in os.environ:
+        device = interface_of(host)
+        if device is not None:
+            values["UCX_NET_DEVICES"] = device
+    return values
+
+
+_HINT = "check UCX on this host (ucx_info -d) or try another --transport"
+
+
+def _new_agent(name: str, tls: str | None, host: str) -> Any:
     api = _import_api()
-    with _ucx_tls(tls):
+    with _ucx_env(_ucx_settings(tls, host)):
         return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
 
 
@@ -88,30 +121,53 @@ def _address_of(mm: mmap.mmap) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(mm))
 
 
-def _target_main(region_bytes: int, tls: str | None,
+def _used(tls: str | None) -> str:
+    return "ucx" if tls is None else f"ucx-{tls.split(',')[0]}"
+
+
+def _agent_name(role: str, transport: str) -> str:
+    # Host name and pid: agents of two hosts may share a pid, never both.
+    return f"kvctl-bench-nixl-{role}-{socket.gethostname()}-{os.getpid()}-{transport}"
+
+
+def _target_main(region_bytes: int, transport: str, host: str,
                  conn: multiprocessing.connection.Connection) -> None:
-    """Entry point of the spawned NIXL target process."""
+    """Entry point of the spawned NIXL target process (ends with ``os._exit``: NIXL 1.5.1
+    crashes in the interpreter's own exit once an agent existed)."""
+    stdout_to_stderr()
+    tls = _UCX_TLS[transport]
     mm = mmap.mmap(-1, region_bytes)
     address = _address_of(mm)
+    name = _agent_name("target", transport)
     try:
-        agent = _new_agent(f"kvctl-bench-nixl-target-{os.getpid()}", tls)
+        agent = _new_agent(name, tls, host)
         registered = agent.register_memory([(address, region_bytes, 0, "")], "DRAM")
-        conn.send(("ready", agent.get_agent_metadata(), address))
+        metadata = agent.get_agent_metadata()
     except Exception as exc:  # noqa: BLE001 - NIXL's own error types, sent on as a typed error
         conn.send(("error", f"NIXL target failed to start with UCX_TLS={tls or 'default'}: "
-                   f"{type(exc).__name__}: {exc}",
-                   "check UCX on this host (ucx_info -d) or try another --transport"))
-        return
+                   f"{type(exc).__name__}: {exc}", _HINT, True))
+        _exit_now()
+    conn.send(("ready", ForeignTarget(
+        engine="nixl", transport=transport, used=_used(tls), host=host, address=address,
+        region_bytes=region_bytes, agent=name, agent_metadata=bytes(metadata))))
     serve_until_stopped(conn)
     # Tear down in reverse order: NIXL must let go of the memory before it is unmapped.
     agent.deregister_memory(registered)
     del agent
+    _exit_now()
 
 
-class NixlDriver(EngineDriver):
+def _exit_now() -> NoReturn:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class NixlDriver(ForeignDriver):
     """Drives a NIXL agent with the UCX backend (target agent in a spawned process)."""
 
     name: ClassVar[str] = "nixl"
+    label: ClassVar[str] = "NIXL"
     install_hint: ClassVar[str] = (
         "pip install --no-deps nixl-cu12 numpy (the 'nixl' meta package pulls a CUDA torch; "
         "the cu12 wheel runs UCX on host memory without a GPU)")
@@ -124,62 +180,58 @@ class NixlDriver(EngineDriver):
             return f"no NIXL Python API is importable ({exc})"
         return None
 
+    @classmethod
+    def check_transport(cls, transport: str, *, cross_host: bool) -> None:
+        if transport not in _UCX_TLS:
+            raise UnavailableError(f"the NIXL driver has no {transport!r} transport",
+                                   "use --transport tcp, shm or auto")
+        if cross_host and transport == "shm":
+            raise UnavailableError("NIXL over UCX shared memory (sm) reaches same-host peers "
+                                   "only", "use --transport tcp or auto across hosts")
+
+    @classmethod
+    def launch_target(cls, region_bytes: int, transport: str, host: str
+                      ) -> tuple[ChildProcess, ForeignTarget]:
+        cls.check_transport(transport, cross_host=not is_loopback(host))
+        return launch_target(_target_main, (region_bytes, transport, host), name="NIXL target",
+                             hint="check UCX on this host (ucx_info -d)")
+
     def __init__(self) -> None:
-        self._plan: DriverPlan | None = None
-        self._transport: str | None = None
+        super().__init__()
         self._agent: Any = None
         self._remote_name = ""
         self._remote_address = 0
         self._mm: mmap.mmap | None = None
         self._local_address = 0
-        self._child: ChildProcess | None = None
         self._handles: dict[tuple[str, int, int, int], Any] = {}
         self._registered: Any = None
 
-    def start(self, plan: DriverPlan) -> None:
-        plan.require_loopback_host_memory("NIXL")
-        self._plan = plan
-
-    def prepare(self, transport: str) -> PathInfo:
-        if transport not in _UCX_TLS:
-            raise UnavailableError(f"the NIXL driver has no {transport!r} transport",
-                                   "use --transport tcp, shm or auto")
-        if transport != self._transport:
-            self._stop()
-            self._launch(transport)
-        tls = _UCX_TLS[transport]
-        used = "ucx" if tls is None else f"ucx-{tls.split(',')[0]}"
-        return PathInfo(used, f"UCX_TLS={tls or 'default'} -> {self._remote_name}",
-                        loopback=True, medium=transport if tls is not None else "")
-
-    def _launch(self, transport: str) -> None:
+    def _connect(self, target: ForeignTarget) -> PathInfo:
         plan = self._require_plan()
-        tls = _UCX_TLS[transport]
-        self._child = ChildProcess(_target_main, (plan.region_bytes, tls), name="NIXL target",
-                                   hint="check UCX on this host (ucx_info -d)")
-        message = self._child.start(60)
-        if message[0] == "error":
-            self._stop()
-            raise UnavailableError(message[1], message[2])
-        _, metadata, self._remote_address = message
+        tls = _UCX_TLS[target.transport]
         size = plan.region_bytes + _POKE_BYTES
-        mm = mmap.mmap(-1, size)
-        address = _address_of(mm)
+        if self._mm is None:
+            self._mm = mmap.mmap(-1, size)
+            self._local_address = _address_of(self._mm)
         try:
-            agent = _new_agent(f"kvctl-bench-nixl-init-{os.getpid()}-{transport}", tls)
-            self._registered = agent.register_memory([(address, size, 0, "")], "DRAM")
-            self._remote_name = agent.add_remote_agent(metadata)
+            agent = _new_agent(_agent_name("init", target.transport), tls,
+                               local_host_toward(target.host))
+            self._agent = agent
+            self._registered = agent.register_memory([(self._local_address, size, 0, "")],
+                                                     "DRAM")
+            remote = agent.add_remote_agent(target.agent_metadata)
+        except KvctlError:
+            raise
         except Exception as exc:  # NIXL's own error types, converted
-            self._stop()
             raise UnavailableError(
                 f"NIXL agent failed with UCX_TLS={tls or 'default'}: {type(exc).__name__}: "
-                f"{exc}", "check UCX on this host (ucx_info -d) or try another --transport"
-            ) from exc
-        if isinstance(self._remote_name, bytes):
-            self._remote_name = self._remote_name.decode()
-        self._agent, self._mm, self._local_address = agent, mm, address
-        self._transport = transport
+                f"{exc}", _HINT) from exc
+        self._remote_name = remote.decode() if isinstance(remote, bytes) else str(remote)
+        self._remote_address = target.address
         self._handles.clear()
+        return PathInfo(target.used, f"UCX_TLS={tls or 'default'} -> {target.host} "
+                        f"(agent {self._remote_name})", loopback=is_loopback(target.host),
+                        medium=target.transport if tls is not None else "")
 
     def _handle(self, op: Op, block: int, batch: int, thread: int, *,
                 local_base: int | None = None, remote_base: int | None = None) -> Any:
@@ -212,8 +264,7 @@ class NixlDriver(EngineDriver):
 
     def run_batch(self, transport: str, op: Op, block_size_bytes: int, batch_size: int,
                   thread_index: int) -> BatchOutcome:
-        if self._agent is None or transport != self._transport:
-            self.prepare(transport)
+        self._ready(transport)
         ok = self._post(self._handle(op, block_size_bytes, batch_size, thread_index))
         if not ok:
             _log.warning("NIXL %s batch of %d failed or timed out", op.value, batch_size)
@@ -225,8 +276,7 @@ class NixlDriver(EngineDriver):
         return memoryview(self._mm)[offset : offset + length]
 
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:
-        if self._agent is None or transport != self._transport:
-            self.prepare(transport)
+        self._ready(transport)
         if len(data) > _POKE_BYTES or self._mm is None:
             raise UsageError(f"poke_remote writes at most {_POKE_BYTES} bytes", "split the data")
         plan = self._require_plan()
@@ -240,30 +290,23 @@ class NixlDriver(EngineDriver):
         finally:
             self._agent.release_xfer_handle(handle)
 
-    def _require_plan(self) -> DriverPlan:
-        if self._plan is None:
-            raise UsageError("NIXL driver not started", "call start() first")
-        return self._plan
-
-    def _stop(self) -> None:
+    def _release(self) -> None:
         agent, self._agent = self._agent, None
         if agent is not None:
             for handle in self._handles.values():
                 agent.release_xfer_handle(handle)
             self._handles.clear()
-            with contextlib.suppress(RuntimeError, KeyError):
-                agent.remove_remote_agent(self._remote_name)
+            if self._remote_name:
+                with contextlib.suppress(RuntimeError, KeyError):
+                    agent.remove_remote_agent(self._remote_name)
             if self._registered is not None:
                 agent.deregister_memory(self._registered)
-            self._registered = None
             del agent
-        self._transport = None
-        child, self._child = self._child, None
-        if child is not None:
-            child.stop()
+        self._registered = None
+        self._remote_name = ""
 
     def close(self) -> None:
-        self._stop()
+        super().close()
         mm, self._mm = self._mm, None
         if mm is not None:
             try:
