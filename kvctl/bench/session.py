@@ -4,6 +4,10 @@ Engines run one after another (never at the same time, so they do not share the 
 gets the same sweep and its own target. An engine that is not installed, or a transport it
 cannot use here, is skipped with the reason and an install hint; a run where nothing at all
 could run is an :class:`~kvctl.errors.UnavailableError`.
+
+Foreign engines (Mooncake, NIXL: ``EngineDriver.isolated``) run in a child process of their
+own (:mod:`kvctl.bench.engines.isolated`) whose rows come back here, so their libraries'
+crashes at exit never become kvctl's; a ``tamper`` hook (tests) keeps them in process.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from kvctl.bench.engines.base import driver_class, open_driver
+from kvctl.bench.engines.isolated import IsolatedJob, baselines_for, run_isolated
 from kvctl.bench.linerate import LineRate, LineRates, nic_line_rate
 from kvctl.bench.report import BenchReport
 from kvctl.bench.result import ResultRow, shortfalls, with_ratios
 from kvctl.bench.runner import ProgressEvent, Skipped, SweepRunner, Tamper, new_run_id, plan_for
 from kvctl.bench.spec import Sweep
 from kvctl.errors import UnavailableError, UsageError
+from kvctl.net.advertise import host_of
+from kvctl.net.bind import is_loopback
 
 if TYPE_CHECKING:
     from kvctl.topo.model import Topology
@@ -85,6 +92,14 @@ def nic_rates_for(location: str, topology: Topology | None) -> dict[str, LineRat
     return rates
 
 
+def _loopback(options: RunOptions) -> bool:
+    """Whether the target is on this host over loopback (its baselines are loopback's); a
+    peer named by segment (``--metadata``) may be anywhere: its engine measures its own."""
+    if options.peer is None:
+        return True
+    return options.metadata is None and is_loopback(host_of(options.peer))
+
+
 def run_transfer_bench(
     sweep: Sweep,
     options: RunOptions,
@@ -107,6 +122,33 @@ def run_transfer_bench(
     skipped: list[Skipped] = []
     first_unavailable: UnavailableError | None = None
     for name in options.engines:
+        cls = driver_class(name)
+        if cls.isolated and tamper is None:
+            reason = cls.unavailable_reason()  # imports the engine's module, creates nothing
+            if reason is not None:
+                _log.warning("skipping engine %s: %s", name, reason)
+                skipped.append(Skipped(name, None, f"engine {cls.name} unavailable: {reason}",
+                                       cls.install_hint))
+                continue
+            plan = plan_for(sweep, timeout_s=options.timeout_s, peer=options.peer,
+                            metadata=options.metadata, token=options.token)
+            baselines = baselines_for(cls, sweep, line_rates) if _loopback(options) else {}
+            job = IsolatedJob(engine=name, sweep=sweep, plan=plan,
+                              nic_rates=dict(options.nic_rates), run_id=run_id,
+                              baselines=baselines)
+            for event in run_isolated(job):
+                if isinstance(event, ProgressEvent):
+                    if on_progress is not None:
+                        on_progress(event)
+                elif isinstance(event, ResultRow):
+                    rows.append(event)
+                    if on_row is not None:
+                        on_row(event)
+                else:
+                    if event.transport is None:
+                        _log.warning("skipping engine %s: %s", name, event.reason)
+                    skipped.append(event)
+            continue
         try:
             driver = open_driver(name)
         except UnavailableError as exc:
