@@ -28,10 +28,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from kvctl.errors import ConfigError
 from kvctl.units import parse_duration, parse_size
+from kvctl.yamlfile import load_yaml
 
 T = TypeVar("T")
 
@@ -90,16 +89,7 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
             f"cannot read config file {path}: {exc.strerror or exc}",
             "check the --config path (or KVCTL_CONFIG)",
         ) from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        where = ""
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-        raise ConfigError(
-            f"config file {path} is not valid YAML{where}", "fix the YAML syntax"
-        ) from exc
+    data = load_yaml(text, str(path), what="config file")
     if data is None:
         return {}
     if not isinstance(data, dict):

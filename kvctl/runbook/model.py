@@ -32,10 +32,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-import yaml
-
 from kvctl.config import from_mapping, load_section
 from kvctl.errors import ConfigError
+from kvctl.yamlfile import load_yaml
 
 P = TypeVar("P")
 
@@ -243,11 +242,4 @@ def load_runbook(path: Path, env: Mapping[str, str] | None = None) -> Runbook:
     except OSError as exc:
         raise ConfigError(f"cannot read runbook {path}: {exc.strerror or exc}",
                           "check the path; examples live in examples/runbooks/") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"runbook {path} is not valid YAML{where}",
-                          "fix the YAML syntax") from exc
-    return parse_runbook(data, str(path), env)
+    return parse_runbook(load_yaml(text, str(path), what="runbook"), str(path), env)

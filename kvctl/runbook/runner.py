@@ -10,10 +10,9 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from kvctl.errors import KvctlError, UnavailableError
 from kvctl.runbook.model import CheckResult, Runbook, RunContext, Verdict, parse_runbook
+from kvctl.yamlfile import load_yaml
 
 _log = logging.getLogger("kvctl.runbook")
 
@@ -40,7 +39,8 @@ class RunbookReport:
 def builtin_runbook(name: str = BUILTIN) -> Runbook:
     """A runbook shipped inside the package (``single-host``: embedded defaults, one host)."""
     text = resources.files("kvctl.runbook").joinpath("builtin", f"{name}.yaml").read_text()
-    return parse_runbook(yaml.safe_load(text), f"built-in runbook {name}")
+    return parse_runbook(load_yaml(text, name, what="built-in runbook"),
+                         f"built-in runbook {name}")
 
 
 def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = None,
