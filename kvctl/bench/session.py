@@ -100,6 +100,37 @@ def _loopback(options: RunOptions) -> bool:
     return options.metadata is None and is_loopback(host_of(options.peer))
 
 
+def _run_isolated(name: str, sweep: Sweep, options: RunOptions, line_rates: LineRates,
+                  run_id: int, rows: list[ResultRow], skipped: list[Skipped], *,
+                  on_progress: Callable[[ProgressEvent], None] | None,
+                  on_row: Callable[[ResultRow], None] | None) -> None:
+    """Run engine ``name`` in a child process, adding its rows and skips to ours."""
+    cls = driver_class(name)
+    reason = cls.unavailable_reason()  # imports the engine's module, creates nothing
+    if reason is not None:
+        _log.warning("skipping engine %s: %s", name, reason)
+        skipped.append(Skipped(name, None, f"engine {cls.name} unavailable: {reason}",
+                               cls.install_hint))
+        return
+    plan = plan_for(sweep, timeout_s=options.timeout_s, peer=options.peer,
+                    metadata=options.metadata, token=options.token)
+    baselines = baselines_for(cls, sweep, line_rates) if _loopback(options) else {}
+    job = IsolatedJob(engine=name, sweep=sweep, plan=plan, nic_rates=dict(options.nic_rates),
+                      run_id=run_id, baselines=baselines)
+    for event in run_isolated(job):
+        if isinstance(event, ProgressEvent):
+            if on_progress is not None:
+                on_progress(event)
+        elif isinstance(event, ResultRow):
+            rows.append(event)
+            if on_row is not None:
+                on_row(event)
+        else:
+            if event.transport is None:
+                _log.warning("skipping engine %s: %s", name, event.reason)
+            skipped.append(event)
+
+
 def run_transfer_bench(
     sweep: Sweep,
     options: RunOptions,
@@ -122,32 +153,9 @@ def run_transfer_bench(
     skipped: list[Skipped] = []
     first_unavailable: UnavailableError | None = None
     for name in options.engines:
-        cls = driver_class(name)
-        if cls.isolated and tamper is None:
-            reason = cls.unavailable_reason()  # imports the engine's module, creates nothing
-            if reason is not None:
-                _log.warning("skipping engine %s: %s", name, reason)
-                skipped.append(Skipped(name, None, f"engine {cls.name} unavailable: {reason}",
-                                       cls.install_hint))
-                continue
-            plan = plan_for(sweep, timeout_s=options.timeout_s, peer=options.peer,
-                            metadata=options.metadata, token=options.token)
-            baselines = baselines_for(cls, sweep, line_rates) if _loopback(options) else {}
-            job = IsolatedJob(engine=name, sweep=sweep, plan=plan,
-                              nic_rates=dict(options.nic_rates), run_id=run_id,
-                              baselines=baselines)
-            for event in run_isolated(job):
-                if isinstance(event, ProgressEvent):
-                    if on_progress is not None:
-                        on_progress(event)
-                elif isinstance(event, ResultRow):
-                    rows.append(event)
-                    if on_row is not None:
-                        on_row(event)
-                else:
-                    if event.transport is None:
-                        _log.warning("skipping engine %s: %s", name, event.reason)
-                    skipped.append(event)
+        if driver_class(name).isolated and tamper is None:
+            _run_isolated(name, sweep, options, line_rates, run_id, rows, skipped,
+                          on_progress=on_progress, on_row=on_row)
             continue
         try:
             driver = open_driver(name)
