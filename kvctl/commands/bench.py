@@ -15,6 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kvctl.bench.engines.serve import TargetSet
 from kvctl.bench.linerate import LineRate
 from kvctl.bench.plot import plot_rows, require_matplotlib
 from kvctl.bench.report import BenchReport, report_payload, to_csv, to_jsonl
@@ -27,7 +28,7 @@ from kvctl.bench.session import (
     validate_engines,
 )
 from kvctl.bench.spec import ROLES, BenchSettings, build_sweep
-from kvctl.bench.target import BenchTarget, TargetSpec
+from kvctl.bench.target import TargetSpec
 from kvctl.commands._common import GlobalOptions, JsonOpt, global_options
 from kvctl.config import CommonSettings
 from kvctl.errors import KvctlError, UsageError
@@ -174,10 +175,7 @@ def transfer(
     token = opts.settings(CommonSettings).token
 
     if settings.role == "target":
-        if engines != ("kvctl",):
-            raise UsageError("--role target serves kvctl's engine only",
-                             "drop --engine; Mooncake and NIXL run their own loopback targets")
-        _serve_target(out, settings, sweep.region_bytes, token,
+        _serve_target(out, settings, sweep.region_bytes, engines, sweep.transports, token,
                       parse_duration(serve_for, what="--serve-for") if serve_for else None)
         return
     if plot is not None:
@@ -240,23 +238,39 @@ def _nic_rates(opts: GlobalOptions, out: Output, location: str) -> dict[str, Lin
     return rates
 
 
-def _serve_target(out: Output, settings: BenchSettings, region_bytes: int, token: str | None,
+def _serve_target(out: Output, settings: BenchSettings, region_bytes: int,
+                  engines: tuple[str, ...], transports: tuple[str, ...], token: str | None,
                   serve_for_s: float | None) -> None:
     advertise = tuple(a.strip() for a in (settings.advertise or "").split(",") if a.strip())
     spec = TargetSpec(region_bytes=region_bytes, location=settings.remote_location,
                       listen=settings.listen, metadata=settings.metadata,
                       segment=settings.segment, token=token, advertise=advertise)
     stop = threading.Event()
-    with BenchTarget(spec) as target:
-        info = target.info
+    with TargetSet(spec, engines, transports) as targets:
+        info = targets.info
         if info is None:  # pragma: no cover - start() sets it
             raise UsageError("target did not start", "rerun with -v")
+        command = initiator_command(settings, info.peer)
         if out.json_mode:
-            out.emit_json("bench.target", {**dataclasses.asdict(info),
-                                           "initiator": initiator_command(settings, info.peer)})
-        out.info(f"Serving segment {info.segment} ({format_size(region_bytes)}) at "
-                 f"{info.address}; metadata {info.metadata_url}")
-        out.info(f"On the initiator: {initiator_command(settings, info.peer)}")
+            out.emit_json("bench.target", {
+                "metadata_url": info.metadata_url, "segment": info.segment,
+                "address": info.address, "peer": info.peer, "engines": list(info.engines),
+                "foreign": [{"engine": t.engine, "transport": t.transport, "used": t.used,
+                             "host": t.host, "session": t.session or None,
+                             "agent": t.agent or None} for t in info.foreign],
+                "skipped": [dataclasses.asdict(s) for s in info.skipped],
+                "initiator": command})
+        if info.address is not None:
+            out.info(f"Serving segment {info.segment} ({format_size(region_bytes)}) at "
+                     f"{info.address}; metadata {info.metadata_url}")
+        for t in info.foreign:
+            out.info(f"Serving {t.engine} over {t.transport} ({t.used}, "
+                     f"{format_size(t.region_bytes)}) at {t.session or t.host}; "
+                     f"metadata {info.metadata_url}")
+        for skip in info.skipped:
+            what = skip.engine + (f" over {skip.transport}" if skip.transport else "")
+            out.info(f"Not serving {what}: {skip.reason}")
+        out.info(f"On the initiator: {command}")
         try:
             stop.wait(serve_for_s)
         except KeyboardInterrupt:
