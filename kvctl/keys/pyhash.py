@@ -4,7 +4,13 @@ LMCache's default chunk hash is Python's builtin ``hash``; its first link (``NON
 is ``hash(seed_string)``, which depends on the ``PYTHONHASHSEED`` the *engine's* interpreter
 started with. kvctl cannot change its own interpreter's seed, so it recomputes that value:
 
-- the hash secret comes from ``PYTHONHASHSEED=N``: ``N == 0`` means an all-zero secret,
+- the variable is read as ``config_init_hash_seed`` (``Python/initconfig.c``) reads it
+  (:func:`parse_hash_seed`): unset or empty, or exactly ``random``, means a random secret;
+  anything else goes through C's ``strtoul(text, &end, 10)`` and must be consumed whole and
+  be at most 4294967295, or the interpreter refuses to start. So leading whitespace, a sign
+  and leading zeros are accepted (``+7``, `` 007`` and ``7`` are seed 7, ``-0`` is seed 0),
+  while trailing whitespace, ``-7``, ``0x7`` and non-ASCII digits are refused;
+- the hash secret comes from seed ``N``: ``N == 0`` means an all-zero secret,
   otherwise 24 bytes from CPython's linear congruential generator (``lcg_urandom`` in
   ``Python/bootstrap_hash.c``) seeded with ``N``;
 - the first 16 bytes are the SipHash key ``(k0, k1)`` (little-endian);
@@ -64,20 +70,59 @@ def siphash13(k0: int, k1: int, data: bytes) -> int:
     return v0 ^ v1 ^ v2 ^ v3
 
 
-def hash_secret(pythonhashseed: str) -> tuple[int, int]:
-    """The SipHash key CPython derives from ``PYTHONHASHSEED`` (a decimal 0..4294967295).
+#: What C's ``isspace`` skips before the number (C locale).
+_C_SPACE = " \t\n\v\f\r"
+_ASCII_DIGITS = frozenset("0123456789")
+
+
+def parse_hash_seed(pythonhashseed: str | None) -> int | None:
+    """The seed CPython takes from ``PYTHONHASHSEED`` (``None``: a random secret).
+
+    Follows ``config_init_hash_seed`` in CPython's ``Python/initconfig.c``: an unset or
+    empty variable (``_Py_GetEnv`` treats '' as unset) and the exact text ``random`` give a
+    random secret; any other text is parsed by ``strtoul(text, &end, 10)``: leading C
+    whitespace, then an optional ``+`` or ``-``, then ASCII digits. The whole text must be
+    consumed and the value must not exceed 4294967295. ``strtoul`` negates a ``-`` value in
+    ``unsigned long``, so ``-0`` is 0 and every other negative number is out of range.
 
     Raises:
-        UsageError: the value is not one CPython accepts (``random`` means no fixed seed).
+        UsageError: text with which CPython refuses to start (it prints "PYTHONHASHSEED must
+            be "random" or an integer in range [0; 4294967295]").
     """
-    text = pythonhashseed.strip()
-    if not text.isdigit() or int(text) > MAX_HASH_SEED:
+    if pythonhashseed is None or pythonhashseed in ("", "random"):
+        return None
+    text = pythonhashseed.lstrip(_C_SPACE)
+    sign = ""
+    if text[:1] in ("+", "-"):
+        sign, text = text[0], text[1:]
+    digits = bool(text) and set(text) <= _ASCII_DIGITS
+    significant = text.lstrip("0")  # also keeps int() clear of its 4300-digit limit
+    value = int(significant) if digits and significant and len(significant) <= 10 else 0
+    if not digits or len(significant) > 10 or value > MAX_HASH_SEED \
+            or (sign == "-" and value != 0):
         raise UsageError(
-            f"PYTHONHASHSEED={pythonhashseed!r} is not a fixed seed",
-            f"CPython accepts 'random' or an integer 0..{MAX_HASH_SEED}; "
-            "only an integer makes hash() reproducible",
+            f"PYTHONHASHSEED={pythonhashseed!r} is refused by CPython: the engine's "
+            "interpreter would not start",
+            f"CPython accepts 'random' or an integer 0..{MAX_HASH_SEED} (optionally with "
+            "leading spaces, a '+' and leading zeros; nothing after the digits)",
         )
-    seed = int(text)
+    return value
+
+
+def hash_secret(pythonhashseed: str) -> tuple[int, int]:
+    """The SipHash key CPython derives from ``PYTHONHASHSEED`` (see :func:`parse_hash_seed`).
+
+    Raises:
+        UsageError: the value gives a random secret (unset, '' or ``random``: no fixed
+            seed to reproduce) or is one CPython refuses.
+    """
+    seed = parse_hash_seed(pythonhashseed)
+    if seed is None:
+        raise UsageError(
+            f"PYTHONHASHSEED={pythonhashseed!r} is not a fixed seed: CPython draws a random "
+            "hash secret per process",
+            f"set PYTHONHASHSEED to an integer 0..{MAX_HASH_SEED} on every instance",
+        )
     if seed == 0:
         secret = bytes(24)
     else:
