@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from kvctl.errors import UsageError
+from kvctl.fsafe import UnsafePathError, create_private, private_dir
 from kvctl.net.bind import parse_listen
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.node import StorageNode, default_capacity_bytes
@@ -46,8 +47,19 @@ def resolve_master(settings: StoreSettings) -> str:
     if settings.master:
         return settings.master
     path = discovery_path()
+    try:
+        private_dir(path.parent, what="discovery directory")
+    except UnsafePathError as exc:
+        _log.warning("%s; ignoring its discovery file", exc.cause)
+        return DEFAULT_MASTER
+    except OSError:
+        return DEFAULT_MASTER
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        info = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as f:
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return DEFAULT_MASTER
+            info = json.loads(f.read(65536))
         if pid_alive(int(info["pid"])):
             return str(info["master"])
     return DEFAULT_MASTER
@@ -147,12 +159,14 @@ class EmbeddedStore:
     def _write_discovery(self) -> None:
         path = discovery_path()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"master": self.address, "pid": os.getpid()}),
-                           encoding="utf-8")
+            private_dir(path.parent, what="discovery directory")
+            fd, tmp = create_private(path.parent, "store.json")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"master": self.address, "pid": os.getpid()}))
             tmp.replace(path)
             self._discovery = path
+        except UnsafePathError as exc:
+            _log.warning("not writing a discovery file: %s", exc.cause)
         except OSError as exc:
             _log.warning("could not write discovery file %s: %s", path, exc)
 

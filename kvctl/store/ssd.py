@@ -28,6 +28,7 @@ from pathlib import Path
 import xxhash
 
 from kvctl.errors import UsageError
+from kvctl.fsafe import create_private, private_dir
 from kvctl.store.checksum import checksum
 from kvctl.store.errors import StoreError
 
@@ -60,9 +61,9 @@ class SsdTier:
         self.directory = directory
         self.fsync = fsync
         try:
-            directory.mkdir(parents=True, exist_ok=True)
-            probe = directory / ".kvctl-probe"
-            probe.write_bytes(b"ok")
+            private_dir(directory, what="SSD tier directory")
+            fd, probe = create_private(directory, "kvctl-probe")
+            os.close(fd)
             probe.unlink()
         except OSError as exc:
             raise UsageError(f"SSD directory {directory} is not writable: {exc.strerror or exc}",
@@ -85,8 +86,7 @@ class SsdTier:
                                   "the object was overwritten while being persisted")
         kb = key.encode()
         final = self.path_for(key)
-        tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd, tmp = create_private(self.directory, final.name)
         try:
             header = _HEADER.pack(_MAGIC, _FORMAT, len(kb), data.nbytes, expected_checksum,
                                   version)
@@ -112,7 +112,7 @@ class SsdTier:
         """
         path = self.path_for(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except FileNotFoundError:
             raise SsdMissingError(f"no SSD copy of {key!r}", "it was never persisted") from None
         try:

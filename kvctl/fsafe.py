@@ -1,0 +1,64 @@
+"""Files kvctl keeps for itself, safe against other local users.
+
+A directory under a world-writable place (``/tmp/kvctl-<uid>``, an SSD tier's node
+directory) may have been made first by someone else, or be a symlink to their files.
+:func:`private_dir` accepts only a real directory owned by this user that nobody else can
+write (and makes it ``0700``); :func:`create_private` opens a new file with ``O_EXCL`` and
+``O_NOFOLLOW`` under an unguessable name, so no symlink planted at a predictable name is
+ever followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from kvctl.errors import UsageError
+
+
+class UnsafePathError(UsageError):
+    """A path kvctl would trust belongs to someone else or can be changed by others."""
+
+
+def private_dir(path: Path, *, what: str) -> Path:
+    """``path`` as a directory only this user can change, created ``0700`` if missing.
+
+    Raises:
+        UnsafePathError: it is a symlink or not a directory, owned by another user, or
+            writable by group or others.
+        OSError: it cannot be created (no parent, read-only file system).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    info = os.lstat(path)
+    problem = None
+    if stat.S_ISLNK(info.st_mode):
+        problem = "is a symlink"
+    elif not stat.S_ISDIR(info.st_mode):
+        problem = "is not a directory"
+    elif info.st_uid != os.getuid():
+        problem = f"is owned by uid {info.st_uid}, not {os.getuid()}"
+    elif info.st_mode & 0o022:
+        problem = f"is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    if problem is not None:
+        raise UnsafePathError(f"{what} {path} {problem}: refusing to use it",
+                              "remove it (another user may have made it) or point kvctl "
+                              "elsewhere; kvctl creates it itself with mode 700")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        path.chmod(0o700)
+    return path
+
+
+def create_private(directory: Path, prefix: str) -> tuple[int, Path]:
+    """A new file ``0600`` in ``directory`` under an unguessable name: ``(fd, path)``."""
+    while True:
+        path = directory / f".{prefix}.{secrets.token_hex(8)}.tmp"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            continue
+        return fd, path
