@@ -4,6 +4,11 @@
 :class:`~kvctl.probe.sysfs.SysfsReader`, so a live host and a recorded tree go through the
 same code. It reads ``class`` and ``vendor`` of every PCI function, and details (link,
 NUMA, CPUs, IOMMU) only for GPUs, NVSwitches, NIC functions and the bridges above them.
+
+PCI functions sit below a host bridge directory ``pciDDDD:BB``: directly under
+``/sys/devices`` on bare metal and most VMs, deeper on Hyper-V (Azure), where every virtual
+PCI bus hangs off its VMBus device:
+``/sys/devices/LNXSYSTM:00/.../VMBUS:01/<guid>/pci0001:00/0001:00:00.0``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ WATCHED_MODULES = (
 )
 _ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
 _RATE_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*Gb/sec")
+#: A host bridge directory: ``pci0000:00``, ``pci10000:e0`` (VMD), ``pci0001:00`` (Hyper-V).
+_HOST_BRIDGE_RE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+#: Where host bridges live when nothing says otherwise.
+SYS_DEVICES = PurePosixPath("/sys/devices")
 _SPEED_RE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*GT/s")
 
 
@@ -189,6 +198,11 @@ class SysfsFacts:
         numa_nodes: NUMA nodes, by number.
         modules: which of :data:`WATCHED_MODULES` are loaded.
         unavailable: why PCI enumeration failed (no ``/sys/bus/pci``), else ``None``.
+        unplaced_gpus: NVIDIA display functions listed in ``/sys/bus/pci/devices`` whose
+            directory is under no host bridge topo can read: ``(address, where it
+            resolves)``. Such a GPU still counts; it just has no PCI path.
+        modules_known: whether :attr:`modules` was read (``False`` for sources that do not
+            record kernel modules, such as an hwloc XML).
     """
 
     functions: dict[str, PciFunction]
@@ -199,6 +213,8 @@ class SysfsFacts:
     numa_nodes: tuple[NumaNode, ...]
     modules: frozenset[str]
     unavailable: Unavailable | None = None
+    unplaced_gpus: tuple[tuple[str, str], ...] = ()
+    modules_known: bool = True
 
 
 def parse_link_speed(text: str | None) -> float | None:
@@ -225,30 +241,55 @@ def _strip_code(text: str | None) -> str | None:
     return rest.strip() if sep else text.strip()
 
 
-def _pci_of(path: PurePosixPath) -> tuple[str, ...] | None:
-    """Components from the host bridge to the deepest PCI function in ``path``."""
+def pci_path_of(path: PurePosixPath) -> tuple[PurePosixPath, tuple[str, ...]] | None:
+    """Where the PCI part of canonical sysfs path ``path`` starts, and its components.
+
+    Returns ``(prefix, components)``: ``components`` run from the host bridge
+    (``pci0000:17``) to the deepest PCI function in ``path``, ``prefix`` is the directory
+    holding the host bridge (``/sys/devices``, or a Hyper-V VMBus device directory).
+    ``None`` when ``path`` is under no host bridge or names no PCI function below it.
+    """
     parts = path.parts
     if len(parts) < 4 or parts[1] != "sys" or parts[2] != "devices":
         return None
-    comps = list(parts[3:])
-    if not comps or not comps[0].startswith("pci"):
+    start = next((i for i in range(3, len(parts)) if _HOST_BRIDGE_RE.match(parts[i])), None)
+    if start is None:
         return None
+    comps = parts[start:]
     last = 0
     for i, name in enumerate(comps):
         if i > 0 and is_bdf(name):
             last = i
     if last == 0:
         return None
-    return tuple(comps[: last + 1])
+    return PurePosixPath(*parts[:start]), tuple(comps[: last + 1])
+
+
+def _pci_of(path: PurePosixPath) -> tuple[str, ...] | None:
+    """Components from the host bridge to the deepest PCI function in ``path``."""
+    found = pci_path_of(path)
+    return found[1] if found is not None else None
 
 
 class _Scan:
     def __init__(self, reader: SysfsReader) -> None:
         self.r = reader
-        self.paths: dict[str, tuple[str, ...]] = {}
+        #: host bridge component → the directory that holds it (Hyper-V: not /sys/devices)
+        self.bases: dict[str, PurePosixPath] = {}
+        #: functions in /sys/bus/pci/devices under no readable host bridge → resolved path
+        self.unplaced: dict[str, str] = {}
+
+    def place(self, path: PurePosixPath) -> tuple[str, ...] | None:
+        """The PCI components of canonical ``path``, remembering where its host bridge is."""
+        found = pci_path_of(path)
+        if found is None:
+            return None
+        prefix, comps = found
+        self.bases.setdefault(comps[0], prefix)
+        return comps
 
     def device_dir(self, path: tuple[str, ...]) -> PurePosixPath:
-        return PurePosixPath("/sys/devices", *path)
+        return self.bases.get(path[0], SYS_DEVICES).joinpath(*path)
 
     def function(self, path: tuple[str, ...], *, detail: bool) -> PciFunction:
         base = self.device_dir(path)
@@ -293,19 +334,32 @@ class _Scan:
         found: dict[str, tuple[str, ...]] = {}
         for name in names:
             target = self.r.resolve(PurePosixPath("/sys/bus/pci/devices") / name)
-            path = _pci_of(target)
+            path = self.place(target)
             if path is None or path[-1] != name:
-                _log.debug("skipping %s: resolves to %s", name, target)
+                _log.debug("no PCI path for %s: resolves to %s", name, target)
+                if is_bdf(name):
+                    self.unplaced[name] = str(target)
                 continue
             found[name] = path
         return found
+
+    def unplaced_gpus(self) -> list[tuple[str, str]]:
+        """NVIDIA display functions among the functions without a PCI path."""
+        out: list[tuple[str, str]] = []
+        for name, where in sorted(self.unplaced.items(), key=lambda kv: _pci_sort_key(kv[0])):
+            base = PurePosixPath("/sys/bus/pci/devices") / name
+            vendor = self.r.read_int(base / "vendor", base=16)
+            klass = self.r.read_int(base / "class", base=16)
+            if vendor == NVIDIA_VENDOR and klass is not None and klass >> 16 == CLASS_DISPLAY:
+                out.append((name, where))
+        return out
 
     def ib_devices(self) -> list[tuple[IbDevice, tuple[str, ...] | None]]:
         out: list[tuple[IbDevice, tuple[str, ...] | None]] = []
         for name in self.r.listdir("/sys/class/infiniband") or []:
             base = PurePosixPath("/sys/class/infiniband") / name
             canonical = self.r.resolve(base)
-            path = _pci_of(canonical)
+            path = self.place(canonical)
             ports: list[IbPort] = []
             for port_name in self.r.listdir(base / "ports") or []:
                 if not port_name.isdigit():
@@ -341,7 +395,7 @@ class _Scan:
         for name in self.r.listdir("/sys/class/net") or []:
             base = PurePosixPath("/sys/class/net") / name
             target = self.r.link_target(base / "device")
-            path = _pci_of(target) if target is not None else None
+            path = self.place(target) if target is not None else None
             if path is None:
                 continue
             speed = self.r.read_int(base / "speed")
@@ -443,6 +497,7 @@ def scan_sysfs(reader: SysfsReader) -> SysfsFacts:
         netdevs=tuple(sorted((n for n, _ in nets), key=lambda n: n.name)),
         numa_nodes=tuple(scan.numa_nodes()),
         modules=scan.modules(),
+        unplaced_gpus=tuple(scan.unplaced_gpus()),
     )
 
 

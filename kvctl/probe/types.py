@@ -46,9 +46,13 @@ def normalize_bdf(text: str) -> str:
 
 
 def is_bdf(name: str) -> bool:
-    """Whether ``name`` is a sysfs PCI function directory name (``0000:18:00.0``)."""
+    """Whether ``name`` is a sysfs PCI function directory name (``0000:18:00.0``).
+
+    The domain has 4 hex digits, or up to 8 where the kernel numbers domains past 0xffff
+    (Intel VMD puts its devices in ``10000:e1:00.0``).
+    """
     parts = name.split(":")
-    if len(parts) != 3 or len(parts[0]) != 4 or len(parts[1]) != 2:
+    if len(parts) != 3 or not 4 <= len(parts[0]) <= 8 or len(parts[1]) != 2:
         return False
     dev, dot, fn = parts[2].partition(".")
     if not dot or len(dev) != 2 or len(fn) != 1:

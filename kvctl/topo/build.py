@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 
 from kvctl.probe.host import (
     IbPort,
@@ -26,6 +27,7 @@ from kvctl.probe.verbs import VerbsBackend, VerbsPort, VerbsReport
 from kvctl.topo.classify import classify
 from kvctl.topo.model import (
     Gpu,
+    GpuOrigin,
     LinkClass,
     Nic,
     NicKind,
@@ -43,6 +45,7 @@ _log = logging.getLogger("kvctl.topo")
 
 #: A few PCI device IDs, to name GPUs when NVML is not there (``lspci`` names).
 GPU_NAMES = {
+    0x102D: "Tesla K80",
     0x20B0: "NVIDIA A100-SXM4-40GB",
     0x20B2: "NVIDIA A100-SXM4-80GB",
     0x20B5: "NVIDIA A100 80GB PCIe",
@@ -79,8 +82,9 @@ def build_topology(
     sysfs_label: str = "root /",
 ) -> Topology:
     """Combine sysfs facts with NVML and verbs answers."""
-    nvml_gpus = {} if isinstance(nvml_answer, Unavailable) else {g.pci: g for g in
-                                                                  nvml_answer.gpus}
+    reported = () if isinstance(nvml_answer, Unavailable) else nvml_answer.gpus
+    sysfs_gpus = [*facts.gpus, *(addr for addr, _ in facts.unplaced_gpus)]
+    nvml_gpus, to_sysfs = match_nvml(sysfs_gpus, reported)
     verbs_ports: dict[tuple[str, int], VerbsPort] = {}
     verbs_names: list[str] = []
     if isinstance(verbs_answer, VerbsReport):
@@ -89,22 +93,27 @@ def build_topology(
             for vport in dev.ports:
                 verbs_ports[dev.name, vport.port] = vport
 
-    gpus = _gpus(facts, nvml_gpus)
+    gpus = _gpus(facts, nvml_gpus, to_sysfs)
     nics = _nics(facts, verbs_ports, verbs_names)
     numa = tuple(Numa(n.node, n.cpulist, n.distances) for n in facts.numa_nodes)
+    only = numa[0].node if len(numa) == 1 else (0 if not numa else None)
+
+    def node(value: int | None) -> int | None:  # unknown on a one-node host: that node
+        return value if value is not None else only
+
     gpu_nic = {
         g.name: {
             n.name: classify(
                 g.place.path or None,
                 n.place.path if n.place is not None and n.place.path else None,
-                g.numa_node,
-                n.numa_node,
+                node(g.numa_node),
+                node(n.numa_node),
             )
             for n in nics
         }
         for g in gpus
     }
-    gpu_gpu = _gpu_matrix(gpus, nvml_gpus, set(facts.nvswitches))
+    gpu_gpu = _gpu_matrix(gpus, nvml_gpus, to_sysfs, set(facts.nvswitches), node)
     sources = (
         _sysfs_status(facts, sysfs_label),
         _nvml_status(nvml_answer),
@@ -127,7 +136,56 @@ def build_topology(
         sources=sources,
         gpu_nic=gpu_nic,
         gpu_gpu=gpu_gpu,
+        modules_known=facts.modules_known,
     )
+
+
+def _bdf_parts(address: str) -> tuple[int, int, int, int] | None:
+    try:
+        return pci_sort_key(address)
+    except ValueError:
+        return None
+
+
+def match_nvml(
+    sysfs_gpus: Sequence[str], reported: Sequence[NvmlGpu]
+) -> tuple[dict[str, NvmlGpu], dict[str, str]]:
+    """Pair NVML's GPUs with sysfs GPUs: ``({sysfs address: NVML GPU}, {NVML address:
+    sysfs address})``. NVML GPUs that match nothing keep their own address.
+
+    The address NVML reports is tried as is, then with its PCI domain cut to the low 16
+    bits (Hyper-V guests: NVML may carry a 32-bit domain where sysfs has 16 bits), then by
+    bus, device and function alone when exactly one sysfs GPU has them.
+    """
+    left = list(sysfs_gpus)
+    by_sysfs: dict[str, NvmlGpu] = {}
+    to_sysfs: dict[str, str] = {}
+    pending: list[NvmlGpu] = []
+    for gpu in reported:  # exact matches first, so a loose match never steals one
+        if gpu.pci in left:
+            left.remove(gpu.pci)
+            by_sysfs[gpu.pci] = gpu
+            to_sysfs[gpu.pci] = gpu.pci
+        else:
+            pending.append(gpu)
+    for gpu in pending:
+        want = _bdf_parts(gpu.pci)
+        match: str | None = None
+        if want is not None:
+            low = [a for a in left if (p := _bdf_parts(a)) is not None
+                   and p == (want[0] & 0xFFFF, *want[1:])]
+            same_bdf = [a for a in left if (p := _bdf_parts(a)) is not None
+                        and p[1:] == want[1:]]
+            match = low[0] if len(low) == 1 else (same_bdf[0] if len(same_bdf) == 1 else None)
+        if match is None:
+            by_sysfs[gpu.pci] = gpu
+            to_sysfs[gpu.pci] = gpu.pci
+            continue
+        _log.info("NVML GPU %s is sysfs GPU %s (PCI domain differs)", gpu.pci, match)
+        left.remove(match)
+        by_sysfs[match] = gpu
+        to_sysfs[gpu.pci] = match
+    return by_sysfs, to_sysfs
 
 
 def _place(facts: SysfsFacts, fn: PciFunction) -> PciPlace:
@@ -144,15 +202,22 @@ def _place(facts: SysfsFacts, fn: PciFunction) -> PciPlace:
     )
 
 
-def _gpus(facts: SysfsFacts, nvml_gpus: dict[str, NvmlGpu]) -> tuple[Gpu, ...]:
-    addresses = list(facts.gpus)
-    addresses += [pci for pci in nvml_gpus if pci not in facts.functions]
-    addresses.sort(key=pci_sort_key)
+def _gpus(
+    facts: SysfsFacts, nvml_gpus: dict[str, NvmlGpu], to_sysfs: dict[str, str]
+) -> tuple[Gpu, ...]:
+    unplaced = {addr for addr, _ in facts.unplaced_gpus}
+    addresses = [*facts.gpus, *sorted(unplaced)]
+    addresses += [pci for pci in nvml_gpus if pci not in facts.functions and
+                  pci not in unplaced]
+    addresses.sort(key=lambda a: _bdf_parts(a) or (1 << 32, 0, 0, 0))
     gpus: list[Gpu] = []
     for index, pci in enumerate(addresses):
         fn = facts.functions.get(pci)
         info = nvml_gpus.get(pci)
         place = _place(facts, fn) if fn is not None else PciPlace(pci, (), PciLink())
+        origin = (GpuOrigin.SYSFS if fn is not None else
+                  GpuOrigin.SYSFS_UNPLACED if pci in unplaced else GpuOrigin.NVML_ONLY)
+        nvml_pci = info.pci if info is not None and to_sysfs.get(info.pci) != info.pci else None
         fallback = GPU_NAMES.get(fn.device or 0) if fn is not None else None
         if fallback is None and fn is not None and fn.device is not None:
             fallback = f"NVIDIA GPU [10de:{fn.device:04x}]"
@@ -170,6 +235,9 @@ def _gpus(facts: SysfsFacts, nvml_gpus: dict[str, NvmlGpu]) -> tuple[Gpu, ...]:
                 pcie_gen_max=info.pcie_gen_max if info else None,
                 pcie_width_current=info.pcie_width_current if info else None,
                 pcie_width_max=info.pcie_width_max if info else None,
+                origin=origin,
+                nvml_pci=nvml_pci,
+                nvlinks_active=len(info.nvlinks) if info else None,
             )
         )
     return tuple(gpus)
@@ -276,8 +344,15 @@ def _nics(
 
 
 def _gpu_matrix(
-    gpus: tuple[Gpu, ...], nvml_gpus: dict[str, NvmlGpu], nvswitches: set[str]
+    gpus: tuple[Gpu, ...],
+    nvml_gpus: dict[str, NvmlGpu],
+    to_sysfs: dict[str, str],
+    nvswitches: set[str],
+    node: Callable[[int | None], int | None],
 ) -> dict[str, dict[str, str]]:
+    """GPU x GPU cells. NVLink wins over the PCIe path, as in ``nvidia-smi topo -m``: ``NV#``
+    with # the links between the pair, or through NVSwitches the links each GPU has to
+    the switches (the smaller of the two)."""
     matrix: dict[str, dict[str, str]] = {}
     for a in gpus:
         row: dict[str, str] = {}
@@ -288,7 +363,8 @@ def _gpu_matrix(
             if a is b:
                 row[b.name] = LinkClass.X.value
                 continue
-            direct = sum(1 for link in links_a if link.remote_pci == b.pci)
+            direct = sum(1 for link in links_a if not link.remote_is_switch and
+                         to_sysfs.get(link.remote_pci, link.remote_pci) == b.pci)
             links_b = nvml_gpus[b.pci].nvlinks if b.pci in nvml_gpus else ()
             to_switch_b = sum(1 for link in links_b if link.remote_is_switch or
                               link.remote_pci in nvswitches)
@@ -298,7 +374,8 @@ def _gpu_matrix(
                 row[b.name] = f"NV{min(to_switch_a, to_switch_b)}"
             else:
                 row[b.name] = classify(
-                    a.place.path or None, b.place.path or None, a.numa_node, b.numa_node
+                    a.place.path or None, b.place.path or None, node(a.numa_node),
+                    node(b.numa_node)
                 ).value
         matrix[a.name] = row
     return matrix
@@ -337,7 +414,8 @@ def _sysfs_status(facts: SysfsFacts, label: str) -> SourceStatus:
     return SourceStatus(
         "sysfs",
         True,
-        f"{label}: {len(facts.gpus)} GPU(s), {len(facts.ib_devices)} RDMA device(s), "
+        f"{label}: {len(facts.gpus) + len(facts.unplaced_gpus)} GPU(s), "
+        f"{len(facts.ib_devices)} RDMA device(s), "
         f"{len(facts.netdevs)} PCI netdev(s), {len(facts.numa_nodes)} NUMA node(s)",
     )
 

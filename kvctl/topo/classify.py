@@ -5,7 +5,8 @@ port]* / device``. Below a root port, switch ports alternate upstream, downstrea
 is named by its upstream port. Two devices:
 
 - under different host bridges meet across the CPU: NODE when both sit on the same known
-  NUMA node, else SYS (an unknown NUMA node counts as SYS);
+  NUMA node, else SYS (an unknown NUMA node counts as SYS; callers pass the host's only
+  node for an unknown one on a one-node host, as ``nvidia-smi`` prints NODE there);
 - under the same host bridge but different root ports meet at the host bridge: PHB;
 - under the same root port cross the switch they meet in plus every switch below that on
   either side: one switch (or none) is PIX, more is PXB.

@@ -11,7 +11,16 @@ import dataclasses
 import enum
 from collections.abc import Callable
 
-from kvctl.topo.model import Gpu, LinkClass, Nic, NicKind, PciPlace, PortState, Topology
+from kvctl.topo.model import (
+    Gpu,
+    GpuOrigin,
+    LinkClass,
+    Nic,
+    NicKind,
+    PciPlace,
+    PortState,
+    Topology,
+)
 from kvctl.topo.rank import rank_nics
 
 #: Bytes of RoCE headers between the netdev MTU and the RDMA MTU (GRH, BTH, XRC and
@@ -81,7 +90,9 @@ def check_rdma_ports(topology: Topology) -> list[Finding]:
     return out
 
 
-def _degraded(subject: str, place: PciPlace, *, speed_severity: Severity) -> list[Finding]:
+def _degraded(subject: str, place: PciPlace, *, speed_severity: Severity | None
+              ) -> list[Finding]:
+    """Width below what both ends can do; speed too unless ``speed_severity`` is ``None``."""
     link, up = place.link, place.upstream_link
     out: list[Finding] = []
     exp_width = link.max_width
@@ -99,13 +110,12 @@ def _degraded(subject: str, place: PciPlace, *, speed_severity: Severity) -> lis
             "reseat the card or riser, check the slot's lane wiring in the BIOS "
             "(bifurcation), then check lspci -vv LnkSta",
         ))
-    if link.current_speed_gts and exp_speed and link.current_speed_gts < exp_speed:
-        idle = (" (GPUs lower link speed when idle: check again under load)"
-                if speed_severity is Severity.WARNING else "")
+    if (speed_severity is not None and link.current_speed_gts and exp_speed
+            and link.current_speed_gts < exp_speed):
         out.append(Finding(
             "pcie-link", speed_severity, subject,
             f"PCIe link {place.pci} runs at {link.current_speed_gts:g} GT/s, both ends can "
-            f"do {exp_speed:g} GT/s{where}{idle}",
+            f"do {exp_speed:g} GT/s{where}",
             "check BIOS PCIe speed settings and the riser/retimer; compare lspci -vv "
             "LnkSta with LnkCap",
         ))
@@ -113,10 +123,16 @@ def _degraded(subject: str, place: PciPlace, *, speed_severity: Severity) -> lis
 
 
 def check_pcie_links(topology: Topology) -> list[Finding]:
-    """Links trained below what the device and its upstream port can both do."""
+    """Links trained below what the device and its upstream port can both do.
+
+    Width is checked everywhere: lanes lost to a bad seat, riser or bifurcation setting stay
+    lost. Speed is checked for NICs only: an idle GPU lowers its link speed to save power
+    (2.5 GT/s at P8 is normal) and raises it under load, so a GPU's speed at rest says
+    nothing.
+    """
     out: list[Finding] = []
     for gpu in topology.gpus:
-        out += _degraded(gpu.name, gpu.place, speed_severity=Severity.WARNING)
+        out += _degraded(gpu.name, gpu.place, speed_severity=None)
     for nic in topology.nics:
         if nic.place is not None:
             out += _degraded(nic.name, nic.place, speed_severity=Severity.ERROR)
@@ -140,11 +156,16 @@ def check_gpu_nic_distance(topology: Topology) -> list[Finding]:
             continue
         best = ranked[0]
         if best.link_class in (LinkClass.NODE, LinkClass.SYS):
-            severity = Severity.ERROR if best.link_class is LinkClass.SYS else Severity.WARNING
+            # SYS on a one-node host only means a device without a PCI path: no socket
+            # interconnect to cross, so no error about one
+            crosses = (best.link_class is LinkClass.SYS
+                       and topology.single_numa_node is None)
+            severity = Severity.ERROR if crosses else Severity.WARNING
             out.append(Finding(
                 "gpu-nic-distance", severity, gpu.name,
                 f"closest ACTIVE NIC {best.name} is {best.link_class.value}: GPUDirect "
-                "traffic crosses the CPU" + (" and the socket interconnect"
+                "traffic crosses the CPU" + (" and the socket interconnect" if crosses else
+                                             " (no PCI path known for one of them)"
                                              if best.link_class is LinkClass.SYS else ""),
                 "put a NIC on the GPU's PCIe switch or NUMA node, or run this GPU's "
                 "transfers through host memory on its NUMA node",
@@ -208,7 +229,7 @@ def check_mtu(topology: Topology) -> list[Finding]:
 def check_peermem(topology: Topology) -> list[Finding]:
     """GPUs and RDMA NICs both present, but no GPUDirect peer-memory module loaded."""
     has_rdma = any(n.kind is NicKind.RDMA for n in topology.nics)
-    if not topology.gpus or not has_rdma:
+    if not topology.gpus or not has_rdma or not topology.modules_known:
         return []
     if topology.modules & set(PEERMEM_MODULES):
         return []
@@ -242,25 +263,94 @@ def check_iommu(topology: Topology) -> list[Finding]:
 def check_numa(topology: Topology) -> list[Finding]:
     """GPUs and NICs whose NUMA node is unknown (kernel ``-1``)."""
     out: list[Finding] = []
-    multi = len(topology.numa_nodes) > 1
+    only = topology.single_numa_node
     devices: list[Gpu | Nic] = [*topology.gpus, *topology.nics]
     for dev in devices:
         if dev.numa_node is not None:
             continue
         if isinstance(dev, Nic) and dev.place is None:
             continue
+        if isinstance(dev, Gpu) and dev.origin is not GpuOrigin.SYSFS:
+            continue  # gpu-discovery says why this GPU has no sysfs facts
         out.append(Finding(
-            "numa", Severity.WARNING if multi else Severity.INFO, dev.name,
-            "NUMA node unknown (numa_node is -1): ranking treats it as SYS to everything"
-            + ("" if multi else "; harmless with a single NUMA node"),
+            "numa", Severity.WARNING if only is None else Severity.INFO, dev.name,
+            "NUMA node unknown (numa_node is -1): ranking treats it as SYS to everything "
+            "on another node" if only is None else
+            f"NUMA node unknown (numa_node is -1); harmless with a single NUMA node: "
+            f"counted as node {only}",
             "enable NUMA/SRAT in the BIOS (VMs: give the guest a NUMA topology with "
             "PCIe expander bridges per node)",
         ))
     return out
 
 
+def check_gpu_discovery(topology: Topology) -> list[Finding]:
+    """GPUs that sysfs lists but topo cannot place, GPUs only NVML sees, and a loaded NVIDIA
+    driver with no GPU at all: never an empty or SYS-only matrix without a word."""
+    out: list[Finding] = []
+    for gpu in topology.gpus:
+        if gpu.origin is GpuOrigin.SYSFS_UNPLACED:
+            out.append(Finding(
+                "gpu-discovery", Severity.WARNING, gpu.name,
+                f"GPU {gpu.pci} is in /sys/bus/pci/devices but its directory is under no PCI "
+                "host bridge topo can read: its cells are SYS",
+                "send the output of readlink -f /sys/bus/pci/devices/" + gpu.pci
+                + " with a kvctl topo snapshot to the kvctl maintainers",
+            ))
+        elif gpu.origin is GpuOrigin.NVML_ONLY:
+            out.append(Finding(
+                "gpu-discovery", Severity.WARNING, gpu.name,
+                f"NVML reports GPU {gpu.pci} ({gpu.model}) but sysfs has no NVIDIA GPU that "
+                "matches its address: its cells are SYS",
+                "compare nvidia-smi --query-gpu=pci.bus_id --format=csv with "
+                "ls /sys/bus/pci/devices; in a container, mount the host's /sys",
+            ))
+        elif gpu.nvml_pci is not None:
+            out.append(Finding(
+                "gpu-discovery", Severity.INFO, gpu.name,
+                f"NVML names this GPU {gpu.nvml_pci}, sysfs {gpu.pci}: matched on "
+                "bus/device/function (PCI domains differ, as in Hyper-V guests)",
+                "nothing to do; use the sysfs address with lspci",
+            ))
+    nvml = topology.source("nvml")
+    if not topology.gpus and topology.modules_known and "nvidia" in topology.modules:
+        detail = f" (NVML: {nvml.detail})" if nvml is not None else ""
+        out.append(Finding(
+            "gpu-discovery", Severity.WARNING, "host",
+            "the nvidia kernel module is loaded but no NVIDIA GPU was found in sysfs"
+            + detail,
+            "check lspci -d 10de: and nvidia-smi; in a container or chroot, point "
+            "--sysfs-root at the host's root",
+        ))
+    return out
+
+
+def check_nvlink(topology: Topology) -> list[Finding]:
+    """NVSwitch hosts: NVLink unknown without NVML, or a GPU whose NVLinks are all down."""
+    if not topology.nvswitches or not topology.gpus:
+        return []
+    nvml = topology.source("nvml")
+    if nvml is None or not nvml.available:
+        return [Finding(
+            "nvlink", Severity.WARNING, "host",
+            f"{len(topology.nvswitches)} NVSwitch(es) but NVML is unavailable: GPU x GPU "
+            "cells show the PCIe path, where nvidia-smi topo -m prints NV# (NVLink)",
+            "run topo where NVML works (driver loaded, pip install nvidia-ml-py), or read "
+            "a snapshot recorded there (kvctl topo snapshot records NVML's answer)",
+        )]
+    return [Finding(
+        "nvlink", Severity.WARNING, gpu.name,
+        "no active NVLink although the host has NVSwitches: GPU peer traffic falls back "
+        "to PCIe",
+        "check nvidia-smi nvlink -s and that nvidia-fabricmanager is running "
+        "(systemctl status nvidia-fabricmanager)",
+    ) for gpu in topology.gpus if gpu.nvlinks_active == 0]
+
+
 CHECKS: tuple[Callable[[Topology], list[Finding]], ...] = (
     check_sources,
+    check_gpu_discovery,
+    check_nvlink,
     check_rdma_ports,
     check_pcie_links,
     check_gpu_nic_distance,

@@ -28,7 +28,8 @@ class LinkClass(enum.StrEnum):
 LEGEND: tuple[tuple[str, str], ...] = (
     ("X", "Self"),
     ("SYS", "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
-            "(e.g., QPI/UPI); an unknown NUMA node counts as SYS"),
+            "(e.g., QPI/UPI); an unknown NUMA node counts as SYS, except on a host with "
+            "a single NUMA node"),
     ("NODE", "Connection traversing PCIe as well as the interconnect between PCIe Host "
              "Bridges within a NUMA node"),
     ("PHB", "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)"),
@@ -37,6 +38,15 @@ LEGEND: tuple[tuple[str, str], ...] = (
     ("PIX", "Connection traversing at most a single PCIe bridge"),
     ("NV#", "Connection traversing a bonded set of # NVLinks"),
 )
+
+
+class GpuOrigin(enum.StrEnum):
+    """Where a GPU was found: placed in the sysfs PCI tree, listed by sysfs without a path
+    topo can read, or reported by NVML only (no sysfs function at its address)."""
+
+    SYSFS = "sysfs"
+    SYSFS_UNPLACED = "sysfs-unplaced"
+    NVML_ONLY = "nvml-only"
 
 
 class NicKind(enum.StrEnum):
@@ -87,6 +97,10 @@ class Gpu:
         numa_node: NUMA node, ``None`` when unknown (kernel ``-1``).
         cpu_affinity: CPUs local to the GPU (``local_cpulist``).
         pcie_gen_current, pcie_gen_max, pcie_width_current, pcie_width_max: from NVML.
+        origin: where the GPU was found (:class:`GpuOrigin`).
+        nvml_pci: the address NVML reports when it differs from sysfs (Hyper-V guests
+            can see a 32-bit PCI domain in NVML), else ``None``.
+        nvlinks_active: active NVLinks NVML reports, ``None`` without NVML.
     """
 
     index: int
@@ -101,6 +115,9 @@ class Gpu:
     pcie_gen_max: int | None = None
     pcie_width_current: int | None = None
     pcie_width_max: int | None = None
+    origin: GpuOrigin = GpuOrigin.SYSFS
+    nvml_pci: str | None = None
+    nvlinks_active: int | None = None
 
     @property
     def pci(self) -> str:
@@ -244,6 +261,8 @@ class Topology:
         gpu_gpu: ``{gpu name: {gpu name: class}}``; ``NV#`` when NVML reports NVLinks.
         modules: loaded kernel modules among those topo watches.
         sources: one status per source (sysfs, nvml, verbs).
+        modules_known: whether the source recorded kernel modules at all (an hwloc XML or
+            NCCL dump does not: then :attr:`modules` is empty and means nothing).
     """
 
     gpus: tuple[Gpu, ...]
@@ -255,6 +274,23 @@ class Topology:
     sources: tuple[SourceStatus, ...]
     gpu_nic: dict[str, dict[str, LinkClass]]
     gpu_gpu: dict[str, dict[str, str]]
+    modules_known: bool = True
+
+    @property
+    def single_numa_node(self) -> int | None:
+        """The host's only NUMA node (0 when sysfs lists none), ``None`` with several."""
+        if len(self.numa_nodes) > 1:
+            return None
+        return self.numa_nodes[0].node if self.numa_nodes else 0
+
+    def effective_numa(self, node: int | None) -> int | None:
+        """``node``, or the host's only NUMA node when ``node`` is unknown (kernel ``-1``).
+
+        The kernel reports ``-1`` wherever firmware gives no proximity for a device, which
+        on a one-socket host can only mean that socket (``nvidia-smi`` prints NODE there).
+        With several nodes an unknown node stays unknown.
+        """
+        return node if node is not None else self.single_numa_node
 
     def gpu(self, name: str) -> Gpu | None:
         """The GPU called ``name`` (``GPU0``), or ``None``."""

@@ -4,7 +4,8 @@ The order is: ACTIVE ports first (a port that is not ACTIVE is listed but never 
 an unknown state ranks after ACTIVE and before DOWN), then the path class (PIX before PXB
 before PHB before NODE before SYS), then the same NUMA node before another, then the higher
 link rate, then the name. For ``cpu:N`` the class is NODE for a NIC on node N and SYS
-otherwise.
+otherwise. On a host with one NUMA node a device whose node is unknown (kernel ``-1``) is on
+that node (:meth:`~kvctl.topo.model.Topology.effective_numa`).
 
 The transfer engine calls :func:`preferred_nics` to pick NICs for a registered buffer.
 """
@@ -97,20 +98,21 @@ def rank_nics(
     for nic in topology.nics:
         if kind is not None and nic.kind is not kind:
             continue
+        nic_numa = topology.effective_numa(nic.numa_node)
         if where.device == "cuda":
             gpu = topology.gpus[where.index]
             link_class = topology.gpu_nic[gpu.name][nic.name]
-            numa = gpu.numa_node
+            numa = topology.effective_numa(gpu.numa_node)
         else:
-            numa = where.index if topology.numa_nodes else None
-            same = numa is not None and nic.numa_node == numa
+            numa = where.index
+            same = nic_numa == numa
             link_class = LinkClass.NODE if same else LinkClass.SYS
         ranked.append(
             RankedNic(
                 name=nic.name,
                 kind=nic.kind,
                 link_class=link_class,
-                same_numa=numa is not None and nic.numa_node == numa,
+                same_numa=numa is not None and nic_numa == numa,
                 rate_gbps=nic.rate_gbps,
                 state=nic.state,
             )

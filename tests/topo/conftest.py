@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.probe.nvml import RecordedNvml
+from kvctl.probe.nvml import NvmlReport, RecordedNvml
 from kvctl.probe.sysfs import SysfsReader
 from kvctl.probe.types import Unavailable
 from kvctl.probe.verbs import RecordedVerbs
@@ -13,17 +13,21 @@ from kvctl.topo.build import discover
 from kvctl.topo.model import Topology
 from tests.fixtures.sysfs import HostSpec
 
+NvmlAnswer = NvmlReport | Unavailable
+
 
 @pytest.fixture
-def topology_of(sysfs_tree: Callable[[HostSpec], Path]) -> Callable[[HostSpec], Topology]:
-    """``topology_of(h100_host())`` → the Topology of a fresh tree (no NVML, no verbs)."""
+def topology_of(sysfs_tree: Callable[[HostSpec], Path]) -> Callable[..., Topology]:
+    """``topology_of(h100_host())`` → the Topology of a fresh tree (no NVML, no verbs);
+    ``topology_of(spec, nvml=report)`` replays that NVML answer."""
 
-    def make(spec: HostSpec) -> Topology:
+    def make(spec: HostSpec, *, nvml: NvmlAnswer | None = None) -> Topology:
         root = sysfs_tree(spec)
         return discover(
             SysfsReader(root),
-            RecordedNvml(Unavailable("nvml", "test: no NVML")),
+            RecordedNvml(nvml if nvml is not None else Unavailable("nvml", "test: no NVML")),
             RecordedVerbs(Unavailable("verbs", "test: no verbs")),
         )
 
     return make
+
