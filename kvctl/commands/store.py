@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +31,16 @@ app = typer.Typer(help="The embedded KV store: serve it, put/get objects, valida
 
 BACKENDS = ("kvctl", "mooncake")
 
+def _valid_key(key: str) -> str:
+    bad = p.check_key(key)
+    if bad is not None:
+        raise UsageError(f"bad key: {bad.cause}", bad.hint or "give a printable UTF-8 key")
+    return key
+
+
+KeyArg = Annotated[str, typer.Argument(help="Object key.", callback=_valid_key)]
+#: The most bytes 'store put' reads from a file or stdin (a KV object is far smaller).
+MAX_PUT_BYTES = 2 << 30
 MasterOpt = Annotated[str | None, typer.Option(
     "--master", "-m", show_default=False,
     help="Master HOST:PORT (default: the local embedded store).")]
@@ -216,7 +229,7 @@ def node(
 @app.command()
 def put(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="Object key.")],
+    key: KeyArg,
     file: Annotated[str, typer.Argument(help="File to store, or - for stdin.")],
     master: MasterOpt = None,
     replicas: Annotated[int | None, typer.Option(
@@ -243,13 +256,19 @@ def put(
 
 
 def _read_input(file: str) -> bytes:
-    if file == "-":
-        return sys.stdin.buffer.read()
+    """The bytes of FILE (or stdin), at most :data:`MAX_PUT_BYTES` (``/dev/zero`` ends)."""
     try:
-        return Path(file).read_bytes()
+        with contextlib.ExitStack() as stack:
+            stream = (sys.stdin.buffer if file == "-"
+                      else stack.enter_context(Path(file).open("rb")))
+            data = stream.read(MAX_PUT_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read {file}: {exc.strerror or exc}",
                          "give a readable file, or - to read stdin") from None
+    if len(data) > MAX_PUT_BYTES:
+        raise UsageError(f"{file} holds more than {format_size(MAX_PUT_BYTES)}",
+                         "store KV blocks (kilobytes to megabytes), not whole devices")
+    return data
 
 
 def _mooncake(ctx: typer.Context, master: str | None, fn: Any) -> Any:
@@ -267,7 +286,7 @@ def _mooncake(ctx: typer.Context, master: str | None, fn: Any) -> Any:
 @app.command()
 def get(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="Object key.")],
+    key: KeyArg,
     output: Annotated[Path | None, typer.Option(
         "--output", "-o", show_default=False, help="Write here (default: stdout).")] = None,
     master: MasterOpt = None,
@@ -292,16 +311,30 @@ def get(
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         return
-    try:
-        output.write_bytes(data)
-    except OSError as exc:
-        raise UsageError(f"cannot write {output}: {exc.strerror or exc}",
-                         "pick a writable --output path") from None
+    _write_atomically(output, data)
     if json_:
         out.emit_json("store.get", {"key": key, "size_bytes": len(data), "output": output,
                                     "backend": backend})
     else:
         out.info(f"wrote {format_size(len(data))} of {key!r} to {output}")
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``: a
+    full disk or a crash leaves the old file as it was."""
+    tmp = path.with_name(f".{path.name}.kvctl-{os.getpid()}.tmp")
+    try:
+        with tmp.open("xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.replace(path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}",
+                         "pick a writable --output path with room for the object; the old "
+                         "file (if any) is unchanged") from None
 
 
 def _info_row(info: p.ObjectInfo) -> dict[str, Any]:
@@ -347,7 +380,7 @@ def ls(
 @app.command()
 def stat(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="Object key.")],
+    key: KeyArg,
     master: MasterOpt = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -373,7 +406,7 @@ def stat(
 @app.command("rm")
 def rm(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="Object key.")],
+    key: KeyArg,
     master: MasterOpt = None,
     json_: JsonOpt = False,
 ) -> None:

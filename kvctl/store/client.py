@@ -254,7 +254,7 @@ class StoreClient:
                         sums: list[int]) -> list[KvctlError | None]:
         """Allocation by the master, writes, commits (two round trips)."""
         out: list[KvctlError | None] = [None] * len(keys)
-        for start, end in self._chunks([v.nbytes for v in views]):
+        for start, end in self._chunks([v.nbytes for v in views], wire):
             reply = self._expect(self._call(p.Put(
                 items=[p.PutItem(wire[i], views[i].nbytes, sums[i]) for i in range(start, end)],
                 replicas=self.replicas)), p.PutReply)
@@ -356,16 +356,20 @@ class StoreClient:
             raise ProtocolError(f"store master at {self.master} answered for other keys than "
                                 "asked", "use the same kvctl version as the master; retry")
 
-    def _chunks(self, sizes: list[int]) -> list[tuple[int, int]]:
-        """Split a batch so each chunk fits in half the staging buffer."""
+    def _chunks(self, sizes: list[int], keys: list[str]) -> list[tuple[int, int]]:
+        """Split a batch so each chunk fits in half the staging buffer and its keys (sent
+        and answered with slots) in a quarter of a master frame."""
         limit = max(1, self._data.staging.capacity_bytes // 2)
         chunks: list[tuple[int, int]] = []
-        start, total = 0, 0
+        start, total, key_total = 0, 0, 0
         for i, size in enumerate(sizes):
-            if i > start and (total + size > limit or i - start >= p.MAX_BATCH):
+            key_bytes = len(keys[i]) * 4 + 64
+            if i > start and (total + size > limit or i - start >= p.MAX_BATCH
+                              or key_total + key_bytes > KEY_CHUNK_BYTES // 2):
                 chunks.append((start, i))
-                start, total = i, 0
+                start, total, key_total = i, 0, 0
             total += size
+            key_total += key_bytes
         if sizes:
             chunks.append((start, len(sizes)))
         return chunks

@@ -401,11 +401,28 @@ Reply = (
 )
 
 
+def fit_key_list(objects: list[ObjectInfo], truncated: bool, max_frame_bytes: int) -> KeyList:
+    """A :class:`KeyList` of the first ``objects`` that fit one frame of ``max_frame_bytes``
+    (long keys make a listing big); ``truncated`` when any were left out."""
+    budget = max_frame_bytes - 1024  # the reply's own fields and msgpack headers
+    encode = msgspec.msgpack.encode
+    for count, info in enumerate(objects):
+        budget -= len(encode(info))
+        if budget < 0:
+            return KeyList(objects=objects[:count], truncated=True)
+    return KeyList(objects=objects, truncated=truncated)
+
+
 def check_key(key: str) -> ErrorInfo | None:
     """An error when ``key`` is empty, too long or not printable; ``None`` when valid (the
     master's rule, also checked by clients before a message that gets no reply)."""
     if not key:
         return ErrorInfo(code="bad_request", cause="empty key", hint="give a non-empty key")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return ErrorInfo(code="bad_request", cause=f"key {key!r} is not valid UTF-8",
+                         hint="keys are UTF-8 text: check the bytes (or the shell's locale)")
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
         return ErrorInfo(code="bad_request", cause=f"key of {len(key)} characters is too long",
                          hint=f"keep keys under {MAX_KEY_BYTES} bytes")

@@ -357,7 +357,8 @@ class MasterServer:
             return p.Bools(values=core.remove(msg.keys))
         if isinstance(msg, p.ListKeys):
             objects, truncated = core.list_objects(msg.prefix, max(0, msg.limit))
-            return p.KeyList(objects=objects, truncated=truncated)
+            return p.fit_key_list(objects, truncated,
+                                  min(self._max_frame, p.DEFAULT_MAX_FRAME_BYTES))
         if isinstance(msg, p.Stat):
             info = core.stat(msg.key)
             return p.Fail(error=info) if isinstance(info, p.ErrorInfo) else p.StatReply(info=info)
