@@ -13,7 +13,7 @@ from kvctl.probe.types import Unavailable
 from kvctl.probe.verbs import PyverbsBackend, RecordedVerbs, VerbsBackend
 from kvctl.topo.build import discover
 from kvctl.topo.model import Topology
-from kvctl.topo.snapshot import open_snapshot
+from kvctl.topo.recorded import load_recorded
 
 
 @register_section("topo")
@@ -74,14 +74,15 @@ def live_sources(settings: TopoSettings) -> Sources:
 
 
 def load_topology(settings: TopoSettings, snapshot: Path | None = None) -> Topology:
-    """The topology of the live host / tree named by ``settings``, or of ``snapshot``.
+    """The topology of the live host / tree named by ``settings``, or of the file
+    ``snapshot``: a kvctl snapshot, an hwloc XML or an NCCL topology
+    (:func:`~kvctl.topo.recorded.load_recorded`).
 
     Raises:
-        UsageError: bad ``sysfs_root`` or a damaged snapshot.
+        UsageError: bad ``sysfs_root`` or a damaged or unknown file.
     """
     if snapshot is not None:
-        with open_snapshot(snapshot) as snap:
-            return discover(snap.reader, snap.nvml, snap.verbs, label=f"snapshot {snapshot}")
+        return load_recorded(snapshot)
     sources = live_sources(settings)
     try:
         return discover(sources.reader, sources.nvml, sources.verbs)
