@@ -18,7 +18,13 @@ from kvctl.commands._common import JsonOpt, global_options
 from kvctl.errors import UsageError
 from kvctl.output import Output
 from kvctl.topo.doctor import Finding, Severity, has_errors, run_doctor
-from kvctl.topo.export import env_lines, locations, mooncake_topology, topology_payload
+from kvctl.topo.export import (
+    env_lines,
+    locations,
+    mooncake_notes,
+    mooncake_topology,
+    topology_payload,
+)
 from kvctl.topo.model import LEGEND, PortState, Topology
 from kvctl.topo.rank import rank_nics
 from kvctl.topo.snapshot import write_snapshot
@@ -47,7 +53,9 @@ SysfsRootOpt = Annotated[
 ]
 FromOpt = Annotated[
     Path | None,
-    typer.Option("--from", help="Read a snapshot written by 'kvctl topo snapshot'.",
+    typer.Option("--from", help="Read a recorded host instead: a 'kvctl topo snapshot' "
+                 "archive, an hwloc XML (lstopo --of xml) or an NCCL topology "
+                 "(NCCL_TOPO_DUMP_FILE); the format is read from the content.",
                  show_default=False),
 ]
 
@@ -83,8 +91,12 @@ def topo(
     if json_out or fmt is Format.JSON:
         out.emit_json("topo", topology_payload(topology))
     elif fmt is Format.MOONCAKE:
-        # Mooncake parses every member as [preferred, available]: no envelope here.
-        typer.echo(json.dumps(mooncake_topology(topology), indent=2))
+        # Mooncake parses every member as [preferred, available]: no envelope here. No
+        # usable HCA raises (exit 3) instead of printing a topology Mooncake rejects.
+        document = mooncake_topology(topology)
+        for note in mooncake_notes(topology):
+            out.warn(note)
+        typer.echo(json.dumps(document, indent=2))
     elif fmt is Format.ENV:
         typer.echo("\n".join(env_lines(topology)))
     else:

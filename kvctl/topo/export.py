@@ -14,6 +14,7 @@ import dataclasses
 import shlex
 from typing import Any
 
+from kvctl.errors import UnavailableError
 from kvctl.probe.host import GidEntry
 from kvctl.topo.model import Nic, NicKind, PortState, Topology
 from kvctl.topo.rank import best_nics, nic_ports, preferred_nics, rank_nics
@@ -106,12 +107,27 @@ def mooncake_topology(topology: Topology) -> dict[str, list[list[str]]]:
     """Mooncake's custom topology (``MC_CUSTOM_TOPO_JSON``) for this host.
 
     Preferred HCAs are the ACTIVE RDMA devices tied for first place for the location;
-    available are the other RDMA devices not known to be down, best first. Empty (``{}``)
-    when the host has no usable RDMA device, since Mooncake needs at least one per entry.
+    available are the other RDMA devices not known to be down, best first.
+
+    Raises:
+        UnavailableError: the host has no RDMA device that is not down. Mooncake needs at
+            least one HCA per entry, and an empty topology (``{}``) would only move the
+            failure to Mooncake's start.
     """
+    rdma = [n for n in topology.nics if n.kind is NicKind.RDMA]
     down = {n.name for n in topology.nics if n.state is PortState.DOWN}
-    if not any(n.kind is NicKind.RDMA and n.name not in down for n in topology.nics):
-        return {}
+    if not any(n.name not in down for n in rdma):
+        gpus = f"{len(topology.gpus)} GPU(s)" if topology.gpus else "no GPU"
+        if rdma:
+            cause = (f"every RDMA device of this host is down ({', '.join(sorted(down))}; "
+                     f"{gpus}): a Mooncake topology needs at least one HCA per entry")
+            hint = "bring a port up (kvctl topo doctor names the port and the fix)"
+        else:
+            cause = (f"this host has no RDMA device ({gpus}): a Mooncake topology needs at "
+                     "least one HCA per entry")
+            hint = ("without RDMA, Mooncake moves bytes over TCP and needs no custom "
+                    "topology: leave MC_CUSTOM_TOPO_JSON unset")
+        raise UnavailableError(cause, hint)
     out: dict[str, list[list[str]]] = {}
     for loc in locations(topology):
         best = best_nics(topology, loc, kind=NicKind.RDMA)
@@ -119,6 +135,17 @@ def mooncake_topology(topology: Topology) -> dict[str, list[list[str]]]:
                 if n not in best and n not in down]
         out[loc] = [best, rest]
     return out
+
+
+def mooncake_notes(topology: Topology) -> list[str]:
+    """What an operator should know about the Mooncake topology of this host (warnings)."""
+    notes: list[str] = []
+    if not topology.gpus:
+        notes.append("no NVIDIA GPU found: the Mooncake topology has cpu:N entries only")
+    for loc in locations(topology):
+        if not best_nics(topology, loc, kind=NicKind.RDMA):
+            notes.append(f"{loc}: no ACTIVE RDMA device, so no preferred HCA")
+    return notes
 
 
 def _gid_preference(gid: GidEntry) -> tuple[int, int]:

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvctl.errors import NotFoundError, UsageError
+from kvctl.errors import NotFoundError, UnavailableError, UsageError
 from kvctl.topo.export import env_lines, mooncake_topology
 from kvctl.topo.model import NicKind, Topology
 from kvctl.topo.rank import best_nics, preferred_nics
@@ -82,7 +82,10 @@ def test_mooncake_format(topology_of: Make) -> None:
     assert topo["cpu:1"] == [["mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"],
                              ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]]
     assert all(len(v) == 2 for v in topo.values())
-    assert mooncake_topology(topology_of(workstation_host())) == {}
+    with pytest.raises(UnavailableError, match="no RDMA device") as err:
+        mooncake_topology(topology_of(workstation_host()))
+    assert err.value.exit_code == 3
+    assert "MC_CUSTOM_TOPO_JSON" in (err.value.hint or "")
 
 
 def test_env_blocks(topology_of: Make) -> None:
