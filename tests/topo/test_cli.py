@@ -97,7 +97,10 @@ def test_recorded_examples_replay(kvctl: Any, name: str) -> None:
     doc = kvctl("topo", "--from", str(path), "--json").json()
     assert doc["sources"]["sysfs"]["available"]
     doctor = kvctl("topo", "doctor", "--from", str(path))
-    if name.startswith("h100"):
+    if name.startswith("h100"):  # NVLink from the recorded NVML answer wins over PCIe
+        assert doc["sources"]["nvml"]["available"]
+        assert {c for g, row in doc["gpu_matrix"].items() for o, c in row.items()
+                if g != o} == {"NV18"}
         assert doc["matrix"]["GPU3"] == {
             "mlx5_0": "NODE", "mlx5_1": "NODE", "mlx5_2": "PHB", "mlx5_3": "PIX",
             "mlx5_4": "SYS", "mlx5_5": "SYS", "mlx5_6": "SYS", "mlx5_7": "SYS", "eno1": "NODE"}
