@@ -219,9 +219,3 @@ def test_help_has_an_example(kvctl: Callable[..., Any]) -> None:
     r = kvctl("bench", "transfer", "--help")
     assert r.exit_code == 0
     assert "Example:" in r.stdout
-
-
-def test_target_role_is_kvctl_only(kvctl: Callable[..., Any]) -> None:
-    r = kvctl("bench", "transfer", "--role", "target", "--engine", "mooncake")
-    assert r.exit_code == 2
-    assert "kvctl's engine only" in r.stderr
