@@ -73,6 +73,9 @@ def topology_payload(topology: Topology) -> dict[str, Any]:
             "pcie_gen": {"current": g.pcie_gen_current, "max": g.pcie_gen_max},
             "pcie_width": {"current": g.pcie_width_current, "max": g.pcie_width_max},
             "iommu_group": g.place.iommu_group,
+            "origin": g.origin.value,
+            "nvml_pci": g.nvml_pci,
+            "nvlinks_active": g.nvlinks_active,
         }
         for g in topology.gpus
     ]
@@ -96,6 +99,7 @@ def topology_payload(topology: Topology) -> dict[str, Any]:
             for n in topology.numa_nodes
         ],
         "modules": sorted(topology.modules),
+        "modules_known": topology.modules_known,
         "sources": {
             s.name: {"available": s.available, "detail": s.detail, "hint": s.hint}
             for s in topology.sources
