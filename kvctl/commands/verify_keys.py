@@ -78,12 +78,55 @@ StorePrefixOpt = Annotated[str | None, typer.Option(
     "--store-prefix", help="vLLM Mooncake cache_prefix / SGLang extra_backend_tag.",
     show_default=False)]
 
+_ENGINE = "Engine options"
+TpSizeOpt = Annotated[int | None, typer.Option(
+    "--tp-size", rich_help_panel=_ENGINE, show_default=False,
+    help="Tensor-parallel size (vLLM Mooncake: with --num-kv-heads or --mla, which ranks "
+         "share one object).")]
+NumKvHeadsOpt = Annotated[int | None, typer.Option(
+    "--num-kv-heads", rich_help_panel=_ENGINE, show_default=False,
+    help="The model's total KV heads (num_key_value_heads; vLLM Mooncake rank under GQA).")]
+MlaOpt = Annotated[bool | None, typer.Option(
+    "--mla/--no-mla", rich_help_panel=_ENGINE, show_default=False,
+    help="The model uses MLA (vLLM Mooncake rank 0, SGLang Mooncake '__k', LMCache world "
+         "size 1).")]
+PpRankOpt = Annotated[int | None, typer.Option(
+    "--pp-rank", rich_help_panel=_ENGINE, show_default=False,
+    help="Pipeline-parallel rank (Mooncake keys of vLLM and SGLang).")]
+PpSizeOpt = Annotated[int | None, typer.Option(
+    "--pp-size", rich_help_panel=_ENGINE, show_default=False,
+    help="Pipeline-parallel size (SGLang Mooncake '_{tp}_{pp}_k' when above 1).")]
+UnfullOpt = Annotated[bool | None, typer.Option(
+    "--save-unfull-chunk/--no-save-unfull-chunk", rich_help_panel=_ENGINE,
+    show_default=False, help="LMCache save_unfull_chunk: the last partial chunk has a key.")]
+LayerIdOpt = Annotated[int | None, typer.Option(
+    "--layer-id", rich_help_panel=_ENGINE, show_default=False,
+    help="LMCache layer-wise mode (use_layerwise): write the keys of this layer.")]
+LmcacheHostOpt = Annotated[str | None, typer.Option(
+    "--lmcache-host", rich_help_panel=_ENGINE, show_default=False,
+    help="What LMCache runs in: vllm (default), or none (SGLang, standalone: NONE_HASH 0, "
+         "builtin hash).")]
+LoraPathsOpt = Annotated[list[str] | None, typer.Option(
+    "--lora-paths", rich_help_panel=_ENGINE, show_default=False,
+    help="SGLang --lora-paths entry NAME=PATH or PATH (repeatable): LoRA ids are "
+         "uuid5(name, path).")]
 
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", help="Tokenizer (path or id) for prompts given as text.",
     show_default=False)]
 
 _STORE = "Live store check"
+
+
+def _engine_flags(tp_size: int | None, num_kv_heads: int | None, mla: bool | None,
+                  pp_rank: int | None, pp_size: int | None, save_unfull_chunk: bool | None,
+                  layer_id: int | None, lmcache_host: str | None,
+                  lora_paths: list[str] | None) -> dict[str, object]:
+    """The engine options as settings flags (``None``: not given on the command line)."""
+    return {"tp_size": tp_size, "num_kv_heads": num_kv_heads, "mla": mla, "pp_rank": pp_rank,
+            "pp_size": pp_size, "save_unfull_chunk": save_unfull_chunk, "layer_id": layer_id,
+            "lmcache_host": lmcache_host,
+            "lora_paths": tuple(lora_paths) if lora_paths else None}
 
 
 def _config(ctx: typer.Context, extra: list[str] | None, **flags: object) -> KeyConfig:
@@ -138,6 +181,15 @@ def verify_keys(
     tp_rank: TpRankOpt = None,
     key_format: KeyFormatOpt = None,
     store_prefix: StorePrefixOpt = None,
+    tp_size: TpSizeOpt = None,
+    num_kv_heads: NumKvHeadsOpt = None,
+    mla: MlaOpt = None,
+    pp_rank: PpRankOpt = None,
+    pp_size: PpSizeOpt = None,
+    save_unfull_chunk: UnfullOpt = None,
+    layer_id: LayerIdOpt = None,
+    lmcache_host: LmcacheHostOpt = None,
+    lora_paths: LoraPathsOpt = None,
     tokenizer: TokenizerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -163,7 +215,9 @@ def verify_keys(
         "profile": profile, "block_size": block_size, "model": model, "revision": revision,
         "tenant": tenant, "kv_dtype": kv_dtype, "kv_layout": kv_layout, "lora_name": lora_name,
         "lora_path": lora_path, "world_size": world_size, "worker_id": worker_id,
-        "tp_rank": tp_rank, "key_format": key_format, "store_prefix": store_prefix}
+        "tp_rank": tp_rank, "key_format": key_format, "store_prefix": store_prefix,
+        **_engine_flags(tp_size, num_kv_heads, mla, pp_rank, pp_size, save_unfull_chunk,
+                        layer_id, lmcache_host, lora_paths)}
     store_only = (store, prompts, expect_hit, tokenizer)
     if any(v is not None for v in store_only) or backend != "kvctl":
         report = _store_check(ctx, store, prompts, backend, expect_hit, seed_field, out,
@@ -307,6 +361,15 @@ def emit_cmd(
     tp_rank: TpRankOpt = None,
     key_format: KeyFormatOpt = None,
     store_prefix: StorePrefixOpt = None,
+    tp_size: TpSizeOpt = None,
+    num_kv_heads: NumKvHeadsOpt = None,
+    mla: MlaOpt = None,
+    pp_rank: PpRankOpt = None,
+    pp_size: PpSizeOpt = None,
+    save_unfull_chunk: UnfullOpt = None,
+    layer_id: LayerIdOpt = None,
+    lmcache_host: LmcacheHostOpt = None,
+    lora_paths: LoraPathsOpt = None,
     tokenizer: TokenizerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -321,7 +384,9 @@ def emit_cmd(
                      revision=revision, tenant=tenant, kv_dtype=kv_dtype, kv_layout=kv_layout,
                      lora_name=lora_name, lora_path=lora_path, world_size=world_size,
                      worker_id=worker_id, tp_rank=tp_rank, key_format=key_format,
-                     store_prefix=store_prefix)
+                     store_prefix=store_prefix,
+                     **_engine_flags(tp_size, num_kv_heads, mla, pp_rank, pp_size,
+                                     save_unfull_chunk, layer_id, lmcache_host, lora_paths))
     encode = load_tokenizer(tokenizer) if tokenizer else None
     manifest = emit(config, read_prompts(prompts, tokenizer=encode))
     if not manifest.seed.reproducible:

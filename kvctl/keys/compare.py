@@ -83,9 +83,7 @@ def _profile(manifest: Manifest) -> KeyProfile | None:
 def _mixed(manifest: Manifest) -> frozenset[str]:
     profile = _profile(manifest)
     if profile is None:  # a profile this kvctl does not know: assume everything matters
-        return frozenset({"model", "revision", "tenant", "lora", "cache_salt", "extra_key",
-                          "kv_dtype", "kv_layout", "extra", "pythonhashseed", "world_size",
-                          "worker_id", "tp_rank", "store_prefix"})
+        return frozenset(_DETAIL)
     return profile.mixed(manifest.config.key_format)
 
 
@@ -105,6 +103,23 @@ def _settings(manifest: Manifest, prompt: PromptKeys) -> dict[str, str]:
         "pythonhashseed": "unset" if c.pythonhashseed is None else repr(c.pythonhashseed),
         "world_size": str(c.world_size), "worker_id": str(c.worker_id),
         "tp_rank": str(c.tp_rank), "store_prefix": c.store_prefix or "none",
+        "mm": ", ".join(f"{m.identifier}@{m.offset}+{m.length}" for m in prompt.mm) or "none",
+        "prompt_embeds": prompt.prompt_embeds[:16] if prompt.prompt_embeds else "none",
+        "lmcache_tags": ", ".join(f"{k}={v}" for k, v in prompt.lmcache_tags) or "none",
+        **_options(manifest),
+    }
+
+
+def _options(manifest: Manifest) -> dict[str, str]:
+    o = manifest.config.options
+    return {
+        "tp_size": "unset" if o.tp_size is None else str(o.tp_size),
+        "num_kv_heads": "unset" if o.num_kv_heads is None else str(o.num_kv_heads),
+        "mla": "yes" if o.mla else "no", "pp_rank": str(o.pp_rank), "pp_size": str(o.pp_size),
+        "save_unfull_chunk": "yes" if o.save_unfull_chunk else "no",
+        "layer_id": "none" if o.layer_id is None else str(o.layer_id),
+        "lmcache_host": o.lmcache_host.value,
+        "lora_paths": ", ".join(f"{n}={p}" for n, p in o.lora_paths) or "none",
     }
 
 
@@ -123,6 +138,20 @@ _DETAIL = {
     "worker_id": "the worker id in LMCache's key string differs",
     "tp_rank": "the tensor-parallel rank in the Mooncake key differs",
     "store_prefix": "the Mooncake key prefix differs",
+    "mm": "the request's multimodal items (identifiers or placeholder ranges) differ",
+    "prompt_embeds": "the request's prompt embeddings differ",
+    "lmcache_tags": "the request's LMCache tags (kv_transfer_params lmcache.tag.*) differ",
+    "tp_size": "the tensor-parallel size differs (it decides the rank in Mooncake keys)",
+    "num_kv_heads": "the KV head count differs (it decides the rank in Mooncake keys)",
+    "mla": "one instance runs the model as MLA, the other not",
+    "pp_rank": "the pipeline-parallel rank in the Mooncake key differs",
+    "pp_size": "the pipeline-parallel size differs (SGLang adds the PP rank from 2 on)",
+    "save_unfull_chunk": "LMCache save_unfull_chunk differs (a partial last chunk is keyed "
+                         "on one side only)",
+    "layer_id": "the LMCache layer of the keys differs (layer-wise mode)",
+    "lmcache_host": "LMCache runs inside vLLM on one side and without it on the other "
+                    "(NONE_HASH and hash function differ)",
+    "lora_paths": "SGLang's --lora-paths differ, so the LoRA ids differ",
 }
 
 #: Settings that change KV itself: equal keys across them mean wrongly shared KV.

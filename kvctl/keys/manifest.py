@@ -19,9 +19,10 @@ from typing import Any
 
 from kvctl import __version__
 from kvctl.errors import UsageError
-from kvctl.keys.chain import SeedFields, pack_tokens, parse_extra_fields
-from kvctl.keys.profiles import KeyConfig, KeyFormat, SeedInfo, get_profile
-from kvctl.keys.prompts import LoraRef, Prompt
+from kvctl.keys.chain import MAX_TOKEN_ID, SeedFields, pack_tokens, parse_extra_fields
+from kvctl.keys.profiles import KeyConfig, KeyFormat, SeedInfo, get_profile, known_profiles
+from kvctl.keys.profiles.base import EngineOptions, LmcacheHost
+from kvctl.keys.prompts import LoraRef, MmItem, Prompt, lmcache_tags
 from kvctl.keys.settings import KeysSettings
 
 MANIFEST_KIND = "kvctl.keys.manifest"
@@ -42,6 +43,9 @@ class PromptKeys:
         lora: the request's LoRA adapter, if any.
         cache_salt: the request's salt, if any.
         extra_key: the request's SGLang extra key, if any.
+        mm: the request's multimodal items (vLLM), if any.
+        prompt_embeds: SHA-256 (hex) of the request's prompt embeddings, if any.
+        lmcache_tags: the request's LMCache tags ``(k, v)``, if any.
     """
 
     id: str
@@ -51,6 +55,9 @@ class PromptKeys:
     lora: LoraRef | None = None
     cache_salt: str | None = None
     extra_key: str | None = None
+    mm: tuple[MmItem, ...] = ()
+    prompt_embeds: str | None = None
+    lmcache_tags: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +111,17 @@ def config_from_settings(
         extra=parse_extra_fields(extra_fields),
     )
     fields.items()  # rejects duplicate extra names now, not at hashing time
+    try:
+        host = LmcacheHost(settings.lmcache_host)
+    except ValueError:
+        raise UsageError(f"unknown LMCache host {settings.lmcache_host!r}",
+                         f"use one of {', '.join(h.value for h in LmcacheHost)}") from None
+    options = EngineOptions(
+        tp_size=settings.tp_size, num_kv_heads=settings.num_kv_heads, mla=settings.mla,
+        pp_rank=settings.pp_rank, pp_size=settings.pp_size,
+        save_unfull_chunk=settings.save_unfull_chunk, layer_id=settings.layer_id,
+        lmcache_host=host, lora_paths=parse_lora_paths(settings.lora_paths),
+    )
     # 0 is a bad size (refused by the profile), not "the default": only None is.
     block_size = (profile.default_block_size if settings.block_size is None
                   else settings.block_size)
@@ -111,10 +129,23 @@ def config_from_settings(
         profile=profile.name, block_size=block_size, fields=fields,
         pythonhashseed=env.get("PYTHONHASHSEED"), world_size=settings.world_size,
         worker_id=settings.worker_id, tp_rank=settings.tp_rank, key_format=key_format,
-        store_prefix=settings.store_prefix,
+        store_prefix=settings.store_prefix, options=options,
     )
     profile.validate(config)
     return config
+
+
+def parse_lora_paths(entries: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """SGLang's ``--lora-paths`` entries as ``(name, path)``: ``NAME=PATH``, or a bare
+    ``PATH`` that is its own name (as SGLang reads them)."""
+    pairs = []
+    for entry in entries:
+        text = entry.strip()
+        if not text:
+            continue
+        name, sep, path = text.partition("=")
+        pairs.append((name, path) if sep else (text, text))
+    return tuple(pairs)
 
 
 def apply_default_lora(prompt: Prompt, config: KeyConfig) -> Prompt:
@@ -125,13 +156,24 @@ def apply_default_lora(prompt: Prompt, config: KeyConfig) -> Prompt:
     return prompt
 
 
-def token_block_digests(tokens: Sequence[int], block_size: int) -> tuple[str, ...]:
-    """A short digest of each full block's token ids (independent of any chaining)."""
-    full = len(tokens) // block_size * block_size
-    data = pack_tokens(tokens[:full])
-    step = block_size * 4
-    return tuple(hashlib.sha256(data[i : i + step]).hexdigest()[:TOKEN_DIGEST_HEX]
-                 for i in range(0, len(data), step))
+def _token_digest(block: Sequence[int]) -> str:
+    if any(t > MAX_TOKEN_ID for t in block):  # ids past uint32: 0xff, then int64 LE each
+        data = b"\xff" + b"".join(t.to_bytes(8, "little") for t in block)
+    else:
+        data = pack_tokens(block)
+    return hashlib.sha256(data).hexdigest()[:TOKEN_DIGEST_HEX]
+
+
+def token_block_digests(tokens: Sequence[int], block_size: int,
+                        blocks: int | None = None) -> tuple[str, ...]:
+    """A short digest of each keyed block's token ids (independent of any chaining).
+
+    ``blocks`` is the number of keyed blocks (default: the full ones); the last may be a
+    partial one (LMCache ``save_unfull_chunk``).
+    """
+    count = len(tokens) // block_size if blocks is None else blocks
+    return tuple(_token_digest(tokens[i * block_size : (i + 1) * block_size])
+                 for i in range(count))
 
 
 def config_to_json(config: KeyConfig) -> dict[str, Any]:
@@ -154,6 +196,9 @@ def config_to_json(config: KeyConfig) -> dict[str, Any]:
         "tp_rank": config.tp_rank,
         "key_format": config.key_format.value,
         "store_prefix": config.store_prefix,
+        # Only what differs from the engines' defaults: setups without these options keep
+        # the manifests and fingerprints they had before the options existed.
+        **({"options": changed} if (changed := config.options.changed()) else {}),
     }
 
 
@@ -171,11 +216,14 @@ def emit(config: KeyConfig, prompts: Sequence[Prompt]) -> Manifest:
     entries = []
     for raw in prompts:
         prompt = apply_default_lora(raw, config)
+        blocks = profile.keyed_blocks(len(prompt.tokens), config)
         entries.append(PromptKeys(
             id=prompt.id, num_tokens=len(prompt.tokens),
-            token_blocks=token_block_digests(prompt.tokens, config.block_size),
+            token_blocks=token_block_digests(prompt.tokens, config.block_size, blocks),
             keys=tuple(keyer.keys(prompt)), lora=prompt.lora, cache_salt=prompt.cache_salt,
-            extra_key=prompt.extra_key,
+            extra_key=prompt.extra_key, mm=prompt.mm,
+            prompt_embeds=prompt.prompt_embeds.sha256 if prompt.prompt_embeds else None,
+            lmcache_tags=prompt.lmcache_tags,
         ))
     return Manifest(config=config, engine=profile.engine,
                     engine_version=profile.engine_version, seed=keyer.seed,
@@ -201,12 +249,25 @@ def manifest_to_json(manifest: Manifest) -> dict[str, Any]:
                 "lora": dataclasses.asdict(p.lora) if p.lora else None,
                 "cache_salt": p.cache_salt,
                 "extra_key": p.extra_key,
+                **_request_extras(p),
                 "token_blocks": list(p.token_blocks),
                 "keys": list(p.keys),
             }
             for p in manifest.prompts
         ],
     }
+
+
+def _request_extras(p: PromptKeys) -> dict[str, Any]:
+    """The per-request fields newer than schema 1's first form, written only when set."""
+    out: dict[str, Any] = {}
+    if p.mm:
+        out["mm"] = [dataclasses.asdict(item) for item in p.mm]
+    if p.prompt_embeds is not None:
+        out["prompt_embeds_sha256"] = p.prompt_embeds
+    if p.lmcache_tags:
+        out["kv_transfer_params"] = {f"lmcache.tag.{k}": v for k, v in p.lmcache_tags}
+    return out
 
 
 def write_manifest(manifest: Manifest, path: Path) -> None:
@@ -312,9 +373,11 @@ def read_manifest(path: Path) -> Manifest:
         tp_rank=r.get(c, "tp_rank", int, "config"),
         key_format=key_format,
         store_prefix=r.get(c, "store_prefix", str, "config"),
+        options=_read_options(r, c),
     )
     if config.block_size <= 0:
         raise r.fail("config.block_size", f"{config.block_size} is not positive")
+    known = known_profiles().get(config.profile)
     s = r.get(doc, "seed", dict, "top level")
     seed = SeedInfo(r.get(s, "source", str, "seed"), r.get(s, "value", str, "seed"))
     prompts = []
@@ -341,11 +404,16 @@ def read_manifest(path: Path) -> Manifest:
             lora=lora,
             cache_salt=r.get(p, "cache_salt", str, where, optional=True),
             extra_key=r.get(p, "extra_key", str, where, optional=True),
+            mm=_read_mm(r, p, where),
+            prompt_embeds=r.get(p, "prompt_embeds_sha256", str, where, optional=True),
+            lmcache_tags=_read_tags(r, p, where),
         )
         if len(entry.keys) != len(entry.token_blocks):
             raise r.fail(where, f"{len(entry.keys)} keys but {len(entry.token_blocks)} "
                          "token blocks")
-        if len(entry.keys) != entry.num_tokens // config.block_size:
+        expected = (known.keyed_blocks(entry.num_tokens, config) if known is not None
+                    else entry.num_tokens // config.block_size)
+        if len(entry.keys) != expected:
             raise r.fail(where, f"{len(entry.keys)} keys do not fit {entry.num_tokens} tokens "
                          f"in blocks of {config.block_size}")
         prompts.append(entry)
@@ -359,3 +427,60 @@ def read_manifest(path: Path) -> Manifest:
         created_by=r.get(doc, "created_by", str, "top level"),
         source=str(path),
     )
+
+
+def _read_options(r: _Reader, c: Mapping[str, Any]) -> EngineOptions:
+    o = r.get(c, "options", dict, "config", optional=True)
+    if o is None:
+        return EngineOptions()
+    where = "config.options"
+    known = {f.name for f in dataclasses.fields(EngineOptions)}
+    unknown = set(o) - known
+    if unknown:
+        raise r.fail(where, f"unknown option(s) {', '.join(sorted(unknown))}")
+    defaults = EngineOptions()
+    pairs = r.get(o, "lora_paths", list, where, optional=True) or []
+    if not all(isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+               for pair in pairs):
+        raise r.fail(f"{where}.lora_paths", "must be a list of [name, path] pairs")
+    host = r.get(o, "lmcache_host", str, where, optional=True)
+    try:
+        lmcache_host = defaults.lmcache_host if host is None else LmcacheHost(host)
+    except ValueError:
+        raise r.fail(f"{where}.lmcache_host", f"unknown value {host!r}") from None
+
+    def value(name: str, kind: type) -> Any:
+        got = r.get(o, name, kind, where, optional=True)
+        return getattr(defaults, name) if got is None else got
+
+    options = EngineOptions(
+        tp_size=value("tp_size", int), num_kv_heads=value("num_kv_heads", int),
+        mla=value("mla", bool), pp_rank=value("pp_rank", int), pp_size=value("pp_size", int),
+        save_unfull_chunk=value("save_unfull_chunk", bool), layer_id=value("layer_id", int),
+        lmcache_host=lmcache_host, lora_paths=tuple((a, b) for a, b in pairs),
+    )
+    try:
+        options.validate()
+    except UsageError as exc:
+        raise r.fail(where, exc.cause) from None
+    return options
+
+
+def _read_mm(r: _Reader, p: Mapping[str, Any], where: str) -> tuple[MmItem, ...]:
+    items = r.get(p, "mm", list, where, optional=True) or []
+    out = []
+    for i, item in enumerate(items):
+        at = f"{where}.mm[{i}]"
+        if not isinstance(item, dict):
+            raise r.fail(at, "is not an object")
+        out.append(MmItem(r.get(item, "identifier", str, at), r.get(item, "offset", int, at),
+                          r.get(item, "length", int, at)))
+    return tuple(out)
+
+
+def _read_tags(r: _Reader, p: Mapping[str, Any], where: str) -> tuple[tuple[str, str], ...]:
+    params = r.get(p, "kv_transfer_params", dict, where, optional=True)
+    try:
+        return lmcache_tags(params, where=f"manifest {r.path}: {where}")
+    except UsageError:
+        raise r.fail(f"{where}.kv_transfer_params", "tag values must be strings") from None

@@ -2,10 +2,25 @@
 
 Optional per-request fields that engines mix into keys:
 
-- ``"lora": {"name": ..., "path": ..., "id": ...}`` (vLLM mixes name and path; SGLang
-  appends ``id``, default the name, to its ``extra_key``);
+- ``"lora": {"name": ..., "path": ..., "id": ...}`` (vLLM mixes name and path, vLLM
+  0.10.2-0.11.0 its integer ``lora_int_id`` given as ``id``; SGLang appends its
+  ``lora_id`` to ``extra_key``: ``id`` when given, else derived from name and path as for
+  ``--lora-paths`` adapters);
 - ``"cache_salt": "..."`` (vLLM: first block only; SGLang: the storage namespace);
-- ``"extra_key": "..."`` (SGLang's caller-defined request class).
+- ``"extra_key": "..."`` (SGLang's caller-defined request class);
+- ``"mm": [{"identifier": ..., "offset": N, "length": M}, ...]``: multimodal items (vLLM
+  mixes ``("mm", identifier, offset in block)`` into every block an item overlaps). The
+  identifier is vLLM's ``mm_hash`` of the item, or the request's ``multi_modal_uuids``
+  entry, prefixed ``"<lora name>:"`` when ``enable_tower_connector_lora`` is on; offset and
+  length are the item's placeholder range in ``tokens`` (which hold the expanded
+  placeholder tokens), sorted by offset;
+- ``"prompt_embeds": {"path": FILE, "dtype": "bfloat16", "hidden_size": N}``: the prompt's
+  embeddings as raw row-major bytes in the model's dtype (vLLM casts them to it before
+  hashing), one row per token, FILE relative to the prompts file. vLLM mixes
+  ``("prompt_embeds", SHA-256 of the block's rows)`` into each block; ``tokens`` may be left
+  out (vLLM then holds token id 0 at every position);
+- ``"kv_transfer_params": {...}``: the request's ``kv_transfer_params`` as sent to vLLM;
+  LMCache appends each ``"lmcache.tag.<k>": v`` entry, in order, to every key as ``@k%v``.
 
 A line may give ``"text"`` instead of ``"tokens"`` when a tokenizer is named
 (:func:`load_tokenizer`). Blank lines and lines starting with ``#`` are skipped.
@@ -14,15 +29,18 @@ A line may give ``"text"`` instead of ``"tokens"`` when a tokenizer is named
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UnavailableError, UsageError
-from kvctl.keys.chain import MAX_TOKEN_ID
 
 Tokenizer = Callable[[str], list[int]]
+#: Largest token id a prompts file may hold: engines hash int64 ids (SGLang); kvctl's own
+#: scheme and every uint32 packing refuse ids above 2**32-1 when they key them.
+MAX_PROMPT_TOKEN_ID = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,10 +51,54 @@ class LoraRef:
     path: str = ""
     id: str = ""
 
+
+
+@dataclasses.dataclass(frozen=True)
+class MmItem:
+    """One multimodal item of a prompt, as vLLM's ``MultiModalFeatureSpec`` places it.
+
+    Attributes:
+        identifier: vLLM's ``identifier`` of the item (its ``mm_hash`` or given uuid).
+        offset: first placeholder token of the item in the prompt.
+        length: placeholder tokens of the item.
+    """
+
+    identifier: str
+    offset: int
+    length: int
+
+
+#: Bytes per element of the dtypes prompt embeddings may be given in.
+EMBED_DTYPE_BYTES = {"float16": 2, "half": 2, "bfloat16": 2, "float32": 4, "float": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptEmbeds:
+    """A prompt's embeddings as vLLM holds them: raw bytes, one row per token.
+
+    Attributes:
+        data: row-major bytes in the model's dtype.
+        row_bytes: bytes of one token's row (``hidden_size x dtype bytes``).
+        source: where they were read from.
+    """
+
+    data: bytes
+    row_bytes: int
+    source: str = ""
+
     @property
-    def lora_id(self) -> str:
-        """The id SGLang appends to ``extra_key`` (the name when none is given)."""
-        return self.id or self.name
+    def rows(self) -> int:
+        """Tokens covered."""
+        return len(self.data) // self.row_bytes
+
+    def block(self, start: int, end: int) -> bytes:
+        """The rows of tokens ``start..end-1`` (what vLLM's ``tensor_data`` of the slice is)."""
+        return self.data[start * self.row_bytes : end * self.row_bytes]
+
+    @property
+    def sha256(self) -> str:
+        """SHA-256 of all rows, hex (names the embeddings in manifests)."""
+        return hashlib.sha256(self.data).hexdigest()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +110,9 @@ class Prompt:
     lora: LoraRef | None = None
     cache_salt: str | None = None
     extra_key: str | None = None
+    mm: tuple[MmItem, ...] = ()
+    prompt_embeds: PromptEmbeds | None = None
+    lmcache_tags: tuple[tuple[str, str], ...] = ()
 
 
 def _bad(path: Path, line: int, what: str, hint: str) -> UsageError:
@@ -69,21 +134,23 @@ def parse_prompt(obj: Any, *, path: Path, line: int, tokenizer: Tokenizer | None
     hint = 'write one object per line: {"id": "p1", "tokens": [1, 2, 3]}'
     if not isinstance(obj, dict):
         raise _bad(path, line, f"expected a JSON object, found {type(obj).__name__}", hint)
-    unknown = set(obj) - {"id", "tokens", "text", "lora", "cache_salt", "extra_key"}
+    unknown = set(obj) - set(PROMPT_FIELDS)
     if unknown:
         raise _bad(path, line, f"unknown field(s) {', '.join(sorted(unknown))}",
-                   "known: id, tokens, text, lora, cache_salt, extra_key")
+                   f"known: {', '.join(PROMPT_FIELDS)}")
     pid = obj.get("id")
     if not isinstance(pid, str | int) or isinstance(pid, bool) or str(pid) == "":
         raise _bad(path, line, "missing or empty 'id'", hint)
+    embeds = _prompt_embeds(obj.get("prompt_embeds"), path, line)
+    tokens: list[int]
     if "tokens" in obj:
         tokens = obj["tokens"]
         if not isinstance(tokens, list):
             raise _bad(path, line, "'tokens' must be a list of integers", hint)
         for i, tok in enumerate(tokens):
-            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok <= MAX_TOKEN_ID:
+            if not _is_int(tok) or not 0 <= tok <= MAX_PROMPT_TOKEN_ID:
                 raise _bad(path, line, f"token {i} ({tok!r}) is not an integer in "
-                           f"0..{MAX_TOKEN_ID}", "token ids are vocabulary indices")
+                           f"0..{MAX_PROMPT_TOKEN_ID}", "token ids are vocabulary indices")
     elif "text" in obj:
         text = obj["text"]
         if not isinstance(text, str):
@@ -92,8 +159,13 @@ def parse_prompt(obj: Any, *, path: Path, line: int, tokenizer: Tokenizer | None
             raise _bad(path, line, "a text prompt needs a tokenizer",
                        "pass --tokenizer NAME_OR_PATH, or give token ids in 'tokens'")
         tokens = list(tokenizer(text))
+    elif embeds is not None:
+        tokens = [0] * embeds.rows  # vLLM's all_token_ids of an embeddings-only prompt
     else:
         raise _bad(path, line, "neither 'tokens' nor 'text' is given", hint)
+    if embeds is not None and len(tokens) != embeds.rows:
+        raise _bad(path, line, f"'prompt_embeds' has {embeds.rows} rows for "
+                   f"{len(tokens)} tokens", "give one embedding row per token")
     lora = None
     if obj.get("lora") is not None:
         raw = obj["lora"]
@@ -111,7 +183,98 @@ def parse_prompt(obj: Any, *, path: Path, line: int, tokenizer: Tokenizer | None
         lora=lora,
         cache_salt=_str_field(obj, "cache_salt", path, line),
         extra_key=_str_field(obj, "extra_key", path, line),
+        mm=_mm_items(obj.get("mm"), len(tokens), path, line),
+        prompt_embeds=embeds,
+        lmcache_tags=lmcache_tags(obj.get("kv_transfer_params"), where=f"{path}, line {line}"),
     )
+
+
+PROMPT_FIELDS = ("id", "tokens", "text", "lora", "cache_salt", "extra_key", "mm",
+                 "prompt_embeds", "kv_transfer_params")
+LMCACHE_TAG_PREFIX = "lmcache.tag."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _mm_items(raw: Any, num_tokens: int, path: Path, line: int) -> tuple[MmItem, ...]:
+    if raw is None:
+        return ()
+    hint = 'write "mm": [{"identifier": "<mm_hash>", "offset": 5, "length": 64}]'
+    if not isinstance(raw, list):
+        raise _bad(path, line, "'mm' must be a list of items", hint)
+    items: list[MmItem] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict) or set(item) - {"identifier", "offset", "length",
+                                                      "modality"}:
+            raise _bad(path, line, f"mm[{i}] must be an object with identifier, offset and "
+                       "length (and optionally modality)", hint)
+        ident, offset, length = item.get("identifier"), item.get("offset"), item.get("length")
+        if not isinstance(ident, str) or not ident:
+            raise _bad(path, line, f"mm[{i}].identifier must be a non-empty string", hint)
+        if not isinstance(offset, int) or not isinstance(length, int) or not _is_int(offset) \
+                or not _is_int(length) or offset < 0 or length <= 0:
+            raise _bad(path, line, f"mm[{i}]: offset must be >= 0 and length > 0", hint)
+        if offset + length > num_tokens:
+            raise _bad(path, line, f"mm[{i}] covers tokens {offset}..{offset + length - 1} "
+                       f"of a {num_tokens}-token prompt",
+                       "the placeholder tokens of every item are part of 'tokens'")
+        if items and offset < items[-1].offset + items[-1].length:
+            raise _bad(path, line, f"mm[{i}] starts before mm[{i - 1}] ends",
+                       "list items by offset, as vLLM orders them; placeholder ranges do "
+                       "not overlap")
+        items.append(MmItem(ident, offset, length))
+    return tuple(items)
+
+
+def _prompt_embeds(raw: Any, path: Path, line: int) -> PromptEmbeds | None:
+    if raw is None:
+        return None
+    hint = ('write "prompt_embeds": {"path": "p1.bin", "dtype": "bfloat16", '
+            '"hidden_size": 4096} (raw row-major bytes in the model\'s dtype)')
+    if not isinstance(raw, dict) or set(raw) != {"path", "dtype", "hidden_size"}:
+        raise _bad(path, line, "'prompt_embeds' must have exactly path, dtype and hidden_size",
+                   hint)
+    file, dtype, hidden = raw["path"], raw["dtype"], raw["hidden_size"]
+    if not isinstance(file, str) or not file or dtype not in EMBED_DTYPE_BYTES \
+            or not _is_int(hidden) or hidden <= 0:
+        raise _bad(path, line, "'prompt_embeds': path must be a string, dtype one of "
+                   f"{', '.join(EMBED_DTYPE_BYTES)}, hidden_size a positive integer", hint)
+    where = path.parent / file
+    try:
+        data = where.read_bytes()
+    except OSError as exc:
+        raise _bad(path, line, f"cannot read prompt_embeds file {where}: "
+                   f"{exc.strerror or exc}", "the path is relative to the prompts file") from exc
+    row = hidden * EMBED_DTYPE_BYTES[dtype]
+    if not data or len(data) % row:
+        raise _bad(path, line, f"prompt_embeds file {where} has {len(data)} bytes, not a "
+                   f"multiple of one row ({hidden} x {dtype} = {row} bytes)", hint)
+    return PromptEmbeds(data, row, str(where))
+
+
+def lmcache_tags(raw: Any, *, where: str) -> tuple[tuple[str, str], ...]:
+    """The ``lmcache.tag.<k>`` entries of a request's ``kv_transfer_params``, in order, as
+    ``(k, str(v))``: what LMCache's ``CacheEngineKey`` appends as ``@k%v``.
+
+    Raises:
+        UsageError: not an object, or a tag whose value is not a string, number or bool.
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: 'kv_transfer_params' must be an object",
+                         'write e.g. "kv_transfer_params": {"lmcache.tag.user": "alice"}')
+    tags = []
+    for key, value in raw.items():
+        if not key.startswith(LMCACHE_TAG_PREFIX):
+            continue  # LMCache forwards other lmcache.* entries, but only tags enter keys
+        if not isinstance(value, str | int | float):  # bool is an int
+            raise UsageError(f"{where}: tag {key!r} has a {type(value).__name__} value",
+                             "give tag values as strings or numbers")
+        tags.append((key[len(LMCACHE_TAG_PREFIX):], str(value)))
+    return tuple(tags)
 
 
 def read_prompts(path: Path, *, tokenizer: Tokenizer | None = None) -> list[Prompt]:

@@ -74,3 +74,12 @@ def test_lmcache_accepts_a_signed_seed_as_cpython_does() -> None:
     # under the interpreter secret of seed 7.
     assert keys["+7"] != keys[" 007"]
     assert all(len(k) == 2 for k in keys.values())
+
+
+def test_engines_refuse_a_seed_their_interpreter_refuses() -> None:
+    for name in ("lmcache", "vllm:sha256"):
+        profile = get_profile(name)
+        config = KeyConfig(profile=name, block_size=16, pythonhashseed="-7",
+                           fields=SeedFields(model="m", kv_dtype="bfloat16"))
+        with pytest.raises(UsageError, match="refused by CPython"):
+            profile.keyer(config)

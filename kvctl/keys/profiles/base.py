@@ -26,6 +26,80 @@ class KeyFormat(enum.StrEnum):
     MOONCAKE = "mooncake"
 
 
+class LmcacheHost(enum.StrEnum):
+    """What LMCache finds to import where it runs (its NONE_HASH and hash functions)."""
+
+    VLLM = "vllm"
+    NONE = "none"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineOptions:
+    """Engine settings that change key strings in some profiles only.
+
+    Every field has the engine's default; a manifest records only the fields that differ
+    from it (so manifests and fingerprints of setups without them stay as they were).
+
+    Attributes:
+        tp_size: tensor-parallel size (vLLM Mooncake: with ``num_kv_heads`` or ``mla``,
+            decides which TP ranks share one object). ``None``: the rank is written as given.
+        num_kv_heads: the model's total KV heads (vLLM Mooncake under GQA: ranks
+            ``tp_size // num_kv_heads`` apart hold the same KV and share the key rank).
+        mla: the model uses multi-head latent attention (vLLM Mooncake: rank 0 on every TP
+            rank; SGLang Mooncake: ``<hash>__k``; LMCache: world size 1 in keys).
+        pp_rank: pipeline-parallel rank (vLLM Mooncake ``@pp_rank:N``; SGLang Mooncake
+            ``_{tp}_{pp}_k`` when ``pp_size > 1``).
+        pp_size: pipeline-parallel size.
+        save_unfull_chunk: LMCache ``save_unfull_chunk``: the trailing partial chunk gets a
+            key too.
+        layer_id: LMCache layer-wise mode (``use_layerwise``): keys of this layer
+            (``...@<dtype>@<layer_id>``); ``None``: whole-chunk keys.
+        lmcache_host: :class:`LmcacheHost`: ``vllm`` (LMCache inside vLLM) or ``none``
+            (no vLLM importable: NONE_HASH is 0 and Python's builtin hash is used whatever
+            ``pre_caching_hash_algorithm`` says).
+        lora_paths: SGLang ``--lora-paths`` as ``(name, path)`` pairs: the adapters whose
+            ``lora_id`` is ``uuid5(NAMESPACE_URL, name + "\\0" + path)``.
+    """
+
+    tp_size: int | None = None
+    num_kv_heads: int | None = None
+    mla: bool = False
+    pp_rank: int = 0
+    pp_size: int = 1
+    save_unfull_chunk: bool = False
+    layer_id: int | None = None
+    lmcache_host: LmcacheHost = LmcacheHost.VLLM
+    lora_paths: tuple[tuple[str, str], ...] = ()
+
+    def changed(self) -> dict[str, object]:
+        """The fields that differ from the defaults, as JSON-ready values."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out[f.name] = ([list(pair) for pair in value] if f.name == "lora_paths"
+                               else str(value) if isinstance(value, enum.Enum) else value)
+        return out
+
+    def validate(self) -> None:
+        """Raise :class:`UsageError` for values no engine accepts."""
+        for name in ("tp_size", "num_kv_heads", "pp_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"--{name.replace('_', '-')} {value} is not positive",
+                                 "give the engine's value (1 or more)")
+        if self.pp_rank < 0 or self.pp_rank >= self.pp_size:
+            raise UsageError(f"--pp-rank {self.pp_rank} is outside 0..{self.pp_size - 1}",
+                             "give the rank within --pp-size")
+        if self.layer_id is not None and self.layer_id < 0:
+            raise UsageError(f"--layer-id {self.layer_id} is negative",
+                             "LMCache numbers layers from 0")
+        names = [name for name, _ in self.lora_paths]
+        if len(set(names)) != len(names):
+            raise UsageError("an adapter name appears twice in --lora-paths",
+                             "give each NAME=PATH once, as SGLang's --lora-paths")
+
+
 @dataclasses.dataclass(frozen=True)
 class KeyConfig:
     """One instance's settings that decide its keys.
@@ -41,6 +115,7 @@ class KeyConfig:
         key_format: :class:`KeyFormat`.
         store_prefix: Mooncake key prefix: vLLM's ``cache_prefix``, SGLang's
             ``extra_backend_tag``.
+        options: :class:`EngineOptions` (parallelism, MLA, LMCache and SGLang settings).
     """
 
     profile: str = "kvctl:sha256"
@@ -52,6 +127,7 @@ class KeyConfig:
     tp_rank: int = 0
     key_format: KeyFormat = KeyFormat.RAW
     store_prefix: str = ""
+    options: EngineOptions = dataclasses.field(default_factory=EngineOptions)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +192,15 @@ class KeyProfile(abc.ABC):
         if config.block_size <= 0:
             raise UsageError(f"block size {config.block_size} is not positive",
                              f"use e.g. --block-size {self.default_block_size}")
+        config.options.validate()
         if config.key_format is KeyFormat.MOONCAKE and not self.mooncake_mixes:
             raise UsageError(f"profile {self.name} has no Mooncake key format",
                              "use --key-format raw, or an engine profile")
+
+    def keyed_blocks(self, num_tokens: int, config: KeyConfig) -> int:
+        """How many keys a prompt of ``num_tokens`` tokens gets (full blocks only, unless
+        the profile keys a trailing partial block too)."""
+        return num_tokens // config.block_size
 
     @abc.abstractmethod
     def keyer(self, config: KeyConfig) -> Keyer:
@@ -128,8 +210,10 @@ class KeyProfile(abc.ABC):
 #: Names of the settings a diagnosis can blame, in the order it reports them.
 SETTINGS = (
     "profile", "block_size", "tokens", "model", "revision", "tenant", "lora", "cache_salt",
-    "extra_key", "kv_dtype", "kv_layout", "extra", "pythonhashseed", "world_size",
-    "worker_id", "tp_rank", "store_prefix", "key_format",
+    "extra_key", "mm", "prompt_embeds", "lmcache_tags", "kv_dtype", "kv_layout", "extra",
+    "pythonhashseed", "world_size", "worker_id", "tp_rank", "tp_size", "num_kv_heads", "mla",
+    "pp_rank", "pp_size", "save_unfull_chunk", "layer_id", "lmcache_host", "lora_paths",
+    "store_prefix", "key_format",
 )
 
 _PROFILES: dict[str, KeyProfile] = {}
