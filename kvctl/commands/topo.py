@@ -150,6 +150,11 @@ def _render(out: Output, topology: Topology) -> None:
             matrix.add_row(Text(g.name, style="bold"), *cells, g.cpu_affinity or "N/A",
                            _numa(g.numa_node))
         _print_wide(out, matrix)
+        nvml = topology.source("nvml")
+        if topology.nvswitches and (nvml is None or not nvml.available):
+            out.print(Text(f"GPU x GPU cells show the PCIe path only: {len(topology.nvswitches)} "
+                           "NVSwitch(es) here, but no NVML to show NVLink (nvidia-smi would "
+                           "print NV#).", style="yellow"))
         out.print("Legend:")
         for key, text in LEGEND:
             out.print(f"  {key:<5} = {text}")

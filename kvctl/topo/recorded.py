@@ -30,7 +30,7 @@ _HINT = ("give a file written by kvctl topo snapshot, lstopo --of xml, or NCCL "
 class RecordedFormat(enum.StrEnum):
     """What ``--from`` can read."""
 
-    SNAPSHOT = "kvctl snapshot"
+    SNAPSHOT = "snapshot"
     HWLOC = "hwloc XML"
     NCCL = "NCCL topology"
 

@@ -92,3 +92,24 @@ def test_live_host_scans_without_error() -> None:
     if facts.unavailable is not None:
         pytest.skip(f"no PCI sysfs here: {facts.unavailable.reason}")
     assert all(f.path[-1] == a for a, f in facts.functions.items())
+
+
+def test_hyperv_vmbus_devices_are_placed(tmp_path: Path) -> None:
+    """Azure ND-style guest: each GPU and each mlx5 VF on its own VMBus PCI bus (layout of
+    the Azure NC6 record, tests/fixtures/records/azure), with the RDMA device and netdev."""
+    from tests.fixtures.realhosts import Function, Host, Port, write_tree
+
+    vmbus = "/sys/devices/LNXSYSTM:00/LNXSYBUS:00/PNP0A03:00/device:07/VMBUS:01"
+    gpu = Function("0001:00:00.0", ("pci0001:00", "0001:00:00.0"), 0x10DE, 0x030200,
+                   numa=0, device=0x20B2, prefix=f"{vmbus}/00000001-0001-0000-3130-444531303244")
+    nic = Function("0101:00:00.0", ("pci0101:00", "0101:00:00.0"), 0x15B3, 0x020700,
+                   numa=0, rdma="mlx5_ib0", ports=[Port("4: ACTIVE", "InfiniBand")],
+                   netdevs=["ib0"], prefix=f"{vmbus}/00000101-0001-0000-3130-444531303244")
+    root = write_tree(tmp_path / "nd", Host([gpu, nic], {0: [0, 1], 1: [2, 3]}))
+    facts = scan_sysfs(SysfsReader(root))
+    assert facts.gpus == ("0001:00:00.0",)
+    assert facts.functions["0001:00:00.0"].path == ("pci0001:00", "0001:00:00.0")
+    assert facts.functions["0001:00:00.0"].numa_node == 0
+    assert [(d.name, d.pci) for d in facts.ib_devices] == [("mlx5_ib0", "0101:00:00.0")]
+    assert [n.name for n in facts.netdevs] == ["ib0"]
+    assert facts.unplaced_gpus == ()

@@ -178,3 +178,12 @@ def test_iommu_and_numa_in_a_vm(topology_of: Make) -> None:
     single = topology_of(vm_host(numa={0: "0-7"}, iommu="identity"))
     assert _found(single, "iommu") == []
     assert sorted(_found(single, "numa")) == [("GPU0", Severity.INFO), ("mlx5_0", Severity.INFO)]
+
+
+def test_nvidia_driver_loaded_without_a_gpu_is_said(topology_of: Make) -> None:
+    spec = HostSpec(numa={0: "0-3"}, modules=["nvidia"], bridges=[
+        Bridge(numa=0, bus=0, ports=[Rdma("mlx5_0")])])
+    t = topology_of(spec)
+    assert t.gpus == ()
+    assert _found(t, "gpu-discovery") == [("host", Severity.WARNING)]
+    assert _found(topology_of(dataclasses.replace(spec, modules=[])), "gpu-discovery") == []
