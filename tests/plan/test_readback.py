@@ -13,7 +13,9 @@ import pytest
 from kvctl.errors import UsageError
 from kvctl.models import resolve_model
 from kvctl.plan.bandwidth import read_bench_file
+from kvctl.plan.gpus import lookup_gpu
 from kvctl.plan.readback import (
+    NO_READ_HINT,
     PlanSettings,
     Winner,
     break_even,
@@ -21,6 +23,8 @@ from kvctl.plan.readback import (
     compare,
     plan_readback,
 )
+from kvctl.probe.nvml import NvmlGpu, NvmlReport, RecordedNvml
+from kvctl.probe.types import Unavailable
 
 KVB_70B = 80 * 8 * 128 * 2 * 2  # 327,680 bytes = 320 KiB
 
@@ -165,10 +169,12 @@ def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Pat
     [
         ((), "no model given"),
         (("--model", "gpt-17", "--prefill-tps", "1", "--read-gbps", "1"), "Llama-3-70B"),
-        (("--model", "llama-3-8b", "--read-gbps", "1"), "no prefill rate"),
         (("--model", "llama-3-8b", "--prefill-tps", "1", "--gpu-tflops", "1",
           "--read-gbps", "1"), "both --prefill-tps and --gpu-tflops"),
-        (("--model", "llama-3-8b", "--prefill-tps", "1"), "no read-back bandwidth"),
+        (("--model", "llama-3-8b", "--gpu", "H100", "--gpu-tflops", "1"),
+         "both --gpu-tflops and --gpu"),
+        (("--model", "llama-3-8b", "--gpu", "Radeon 9000"), "no peak TFLOP/s is known"),
+        (("--model", "llama-3-8b", "--gpu", "H100", "--gpus", "0"), "--gpus 0"),
         (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "0"),
          "--read-gbps 0.0 is not a positive number"),
         (("--model", "llama-3-8b", "--gpu-tflops", "100", "--efficiency", "2",
@@ -184,7 +190,7 @@ def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Pat
 def test_cli_bad_input_exits_2(
     kvctl: Callable[..., Any], args: tuple[str, ...], message: str
 ) -> None:
-    r = kvctl("plan", "readback", *args)
+    r = kvctl("plan", "readback", "--no-nvml", *args)
     assert r.exit_code == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith("Error: ")
     assert "\nHint: " in r.stderr
@@ -198,3 +204,120 @@ def test_no_fixed_cost_means_one_side_wins_everywhere() -> None:
     assert {c.winner for c in plan.cases} == {Winner.READ_BACK}
     assert all(math.isclose(c.speedup, 100e-6 / (57344 / 5e9)) for c in plan.cases)
     assert plan.break_even.prefix_tokens == 0
+
+
+def _nvml(name: str | None, memory: int | None = 141 * 2**30) -> RecordedNvml:
+    return RecordedNvml(NvmlReport("570.1", (NvmlGpu(0, "0000:18:00.0", name=name,
+                                                      memory_total_bytes=memory),)))
+
+
+def test_no_rate_still_sizes_the_kv() -> None:
+    # The command: no rate at all. Sizing and the prefix table come back anyway.
+    plan = plan_readback(PlanSettings(model="llama-3-70b", sessions=1000,
+                                      context_tokens=1000))
+    assert plan.prefill_tokens_per_s is None
+    assert plan.read_gbps is None
+    assert plan.break_even is None
+    assert plan.break_even_gbps is None
+    assert plan.sizing.kv_bytes_per_token == KVB_70B
+    assert plan.sizing.tokens_per_gib == 2**30 // KVB_70B == 3276
+    assert plan.sizing.tokens_per_tb == 10**12 // KVB_70B
+    assert [c.kv_bytes for c in plan.cases] == [n * KVB_70B for n in (256, 1024, 4096, 16384,
+                                                                      65536)]
+    assert all(c.recompute_s is None and c.winner is None for c in plan.cases)
+    assert plan.capacity is not None
+    assert plan.capacity.kv_bytes == 327_680_000_000
+    assert len(plan.missing) == 2
+    assert "NVML not asked" in plan.prefill_source
+
+
+def test_prefill_rate_from_the_gpu_nvml_reports() -> None:
+    plan = plan_readback(PlanSettings(model="llama-3-8b", read_gbps=10),
+                         nvml=_nvml("NVIDIA H200"))
+    assert plan.gpu is not None
+    assert plan.gpu.name == "H200 SXM"
+    assert plan.prefill_tokens_per_s == pytest.approx(989.4e12 * 0.5 / (2 * 8.03e9))
+    assert "NVML GPU 0 'NVIDIA H200'" in plan.prefill_source
+    assert plan.break_even is not None
+    assert plan.sizing.gpu_memory_bytes == 141 * 2**30
+    assert plan.sizing.tokens_per_gpu_memory == 141 * 2**30 // (32 * 8 * 128 * 2 * 2)
+    assert any("dense BF16" in a for a in plan.assumptions)
+    # An explicit rate wins over NVML; NVML still sizes the GPU's memory.
+    given = plan_readback(PlanSettings(model="llama-3-8b", prefill_tps=100),
+                          nvml=_nvml("NVIDIA H200"))
+    assert given.prefill_tokens_per_s == 100
+    assert given.gpu is None
+    assert given.sizing.gpu_memory_bytes == 141 * 2**30
+
+
+def test_unknown_or_absent_gpu_leaves_prefill_unknown_and_says_why() -> None:
+    unknown = plan_readback(PlanSettings(model="llama-3-8b"), nvml=_nvml("NVIDIA A10G"))
+    assert unknown.prefill_tokens_per_s is None
+    assert "no peak TFLOP/s is known for 'NVIDIA A10G'" in unknown.prefill_source
+    absent = plan_readback(PlanSettings(model="llama-3-8b"),
+                           nvml=RecordedNvml(Unavailable("nvml", "no driver")))
+    assert "NVML unavailable: no driver" in absent.prefill_source
+    assert absent.sizing.gpu_memory_bytes is None
+
+
+def test_prefill_only_gives_the_break_even_bandwidth() -> None:
+    plan = plan_readback(PlanSettings(model="llama-3-70b", gpu="H100 SXM", gpus=8,
+                                      prefix_tokens=(1000,)))
+    tps = 8 * 989.4e12 * 0.5 / (2 * 70.55e9)
+    assert plan.prefill_tokens_per_s == pytest.approx(tps, rel=1e-3)
+    assert plan.break_even_gbps == pytest.approx(KVB_70B * tps / 1e9, rel=1e-3)
+    assert plan.cases[0].recompute_s == pytest.approx(1000 / tps, rel=1e-3)
+    assert plan.cases[0].readback_s is None
+    assert plan.missing == [NO_READ_HINT]
+
+
+@pytest.mark.parametrize(("reported", "name", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "H100 SXM", 989.4),
+    ("NVIDIA H100 PCIe", "H100 PCIe", 756.5),
+    ("NVIDIA H100 NVL", "H100 NVL", 835.5),
+    ("NVIDIA H200", "H200 SXM", 989.4),
+    ("NVIDIA H200 NVL", "H200 NVL", 835.5),
+    ("NVIDIA A100-SXM4-80GB", "A100", 312.0),
+    ("NVIDIA A100 80GB PCIe", "A100", 312.0),
+    ("NVIDIA A10", "A10", 125.0),
+    ("NVIDIA A30", "A30", 165.0),
+    ("NVIDIA L40S", "L40S", 362.05),
+    ("NVIDIA L40", "L40", 181.05),
+    ("NVIDIA L4", "L4", 121.0),
+    ("Tesla V100-SXM2-32GB", "V100 SXM2", 125.0),
+    ("Tesla V100-PCIE-16GB", "V100 PCIe", 112.0),
+    ("NVIDIA B200", "B200", 2250.0),
+    ("NVIDIA GB200", "GB200", 2500.0),
+    ("NVIDIA GeForce RTX 4090", "GeForce RTX 4090", 165.2),
+    ("H100 SXM", "H100 SXM", 989.4),
+])
+def test_nvml_product_names_find_their_peak(reported: str, name: str, tflops: float) -> None:
+    peak = lookup_gpu(reported)
+    assert peak is not None
+    assert (peak.name, peak.tflops) == (name, tflops)
+    assert "nvidia.com" in peak.source
+
+
+@pytest.mark.parametrize("reported", ["NVIDIA A10G", "NVIDIA H800", "AMD Instinct MI300X", ""])
+def test_gpus_without_a_published_peak_are_not_guessed(reported: str) -> None:
+    assert lookup_gpu(reported) is None
+
+
+def test_cli_without_any_rate_exits_0_with_the_sizing(kvctl: Callable[..., Any]) -> None:
+    r = kvctl("plan", "readback", "--model", "llama-3-70b", "--no-nvml")
+    assert r.exit_code == 0, r.stderr
+    assert "327,680 bytes (320 KiB) of KV per token" in r.stdout
+    assert "3,276 tokens per GiB" in r.stdout
+    assert "Prefill: unknown" in r.stdout
+    assert "To compare, give a prefill rate" in r.stdout
+    assert "To compare, give a read-back bandwidth" in r.stdout
+    doc = kvctl("plan", "readback", "--model", "llama-3-70b", "--no-nvml", "--json").json()
+    assert doc["prefill_tokens_per_s"] is None
+    assert doc["sizing"]["kv_bytes_per_token"] == KVB_70B
+    assert doc["cases"][0]["kv_bytes"] == 256 * KVB_70B
+    assert doc["cases"][0]["recompute_s"] is None
+    gpu = kvctl("plan", "readback", "--model", "llama-3-70b", "--gpu", "L40S", "--read-gbps",
+                "20", "--no-nvml")
+    assert gpu.exit_code == 0, gpu.stderr
+    assert "GPU peak 362.05 TFLOP/s (L40S)" in gpu.stdout
+    assert "Break-even: reading back" in gpu.stdout
