@@ -2,8 +2,16 @@
 
 The package is ``mooncake-transfer-engine-non-cuda`` (or ``mooncake-transfer-engine``),
 imported lazily: when it is missing, :class:`MooncakeUnavailableError` says how to install
-it. Every Mooncake process kvctl starts or connects stays on loopback unless told otherwise:
-``MC_TCP_BIND_ADDRESS`` is set to the local hostname before the engine loads.
+it. Every Mooncake process kvctl starts stays on loopback unless told otherwise, and a client
+binds its transfer engine to the address it reaches the master from: ``MC_TCP_BIND_ADDRESS``
+is set to that local hostname before the engine loads.
+
+A client is client-only by default (``global_segment_bytes=0``): it mounts no segment, so
+it adds nothing to a production pool and every object it puts lands in the cluster's own
+storage. Before ``setup`` (which retries a dead or foreign master for ~30-90 s) the master's
+address is probed with one round trip of mooncake_master's RPC (coro_rpc): a kvctl store
+master, which greets first, or anything else that does not answer like coro_rpc, is reported
+at once.
 
 Mooncake's Python API returns ``b""`` from ``get`` both for a missing key and for a failed
 read, and negative integers for errors. This adapter turns that into kvctl's contract:
@@ -17,8 +25,11 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
+import select
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -28,11 +39,19 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import KvctlError, UnavailableError, UsageError
-from kvctl.store.errors import ObjectNotFoundError, StoreError, StoreUnavailableError
+from kvctl.store.errors import (
+    ObjectNotFoundError,
+    StoreError,
+    StoreFullError,
+    StoreUnavailableError,
+)
 
 _log = logging.getLogger("kvctl.store.mooncake")
 
 Buffer = bytes | bytearray | memoryview
+
+#: Mooncake's ``NO_AVAILABLE_HANDLE``: a put found no segment with room.
+_NO_AVAILABLE_HANDLE = -200
 
 
 class MooncakeUnavailableError(UnavailableError):
@@ -84,6 +103,10 @@ class MooncakeMaster:
         eviction_high_watermark: Mooncake's ``eviction_high_watermark_ratio``.
         log_path: where its log goes (default: discarded).
         ready_timeout_s: how long to wait for its RPC port to accept connections.
+        storage_bytes: when > 0, also start a :class:`MooncakeStorage` of that many bytes.
+
+    Attributes:
+        metrics_port: its HTTP metrics/health port (``--metrics_port``, a free one).
     """
 
     def __init__(self, *, host: str = "127.0.0.1", eviction_high_watermark: float = 0.95,
@@ -92,9 +115,9 @@ class MooncakeMaster:
         binary = find_mooncake_binary("mooncake_master")
         self.host = host
         self.port = _free_port(host)
-        metrics = _free_port(host)
+        self.metrics_port = _free_port(host)
         args = [str(binary), f"--rpc_port={self.port}", f"--rpc_address={host}",
-                f"--metrics_port={metrics}", f"--metrics_host={host}",
+                f"--metrics_port={self.metrics_port}", f"--metrics_host={host}",
                 "--enable_http_metadata_server=false",
                 f"--eviction_high_watermark_ratio={eviction_high_watermark}"]
         log = log_path.open("wb") if log_path else subprocess.DEVNULL
@@ -115,6 +138,11 @@ class MooncakeMaster:
     def address(self) -> str:
         """``host:port`` of its RPC service."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """``http://host:port`` of its HTTP metrics/health service."""
+        return f"http://{self.host}:{self.metrics_port}"
 
     def close(self) -> None:
         """Stop the storage process and the master (idempotent)."""
@@ -188,44 +216,129 @@ class MooncakeStorage:
                 self._proc.wait(5)
 
 
-def _check_reachable(master: str, timeout_s: float = 3.0) -> None:
-    """Fail fast when nothing accepts connections at the master's ``HOST:PORT``."""
+#: The first byte of every coro_rpc header (yalantinglibs' RPC, which mooncake_master speaks).
+CORO_RPC_MAGIC = 0x15
+#: A coro_rpc request header for a function no server registers (magic, version 0,
+#: serialization 0, message type 0, u32 sequence, u32 function id, u32 body length,
+#: u32 attachment length, little endian). mooncake_master answers it at once with a reply
+#: header (magic 0x15, error 11) and "the rpc function not registered".
+CORO_RPC_PROBE = struct.pack("<BBBBIIII", CORO_RPC_MAGIC, 0, 0, 0, 1, 0x6B766374, 0, 0)
+#: How long a kvctl store master may take to greet before a probe is sent, seconds.
+_GREETING_WAIT_S = 0.25
+#: The magic of kvctl's store frames (``kvctl.store.protocol.MAGIC``), which its master
+#: sends first, unasked.
+_KVCTL_MAGIC = b"KVSM"
+
+
+def looks_like_coro_rpc(reply: bytes) -> bool:
+    """Whether ``reply`` starts like a coro_rpc reply header (16 bytes, magic 0x15)."""
+    return len(reply) >= 16 and reply[0] == CORO_RPC_MAGIC
+
+
+def _split_master(master: str) -> tuple[str, int]:
     host, _, port = master.rpartition(":")
     if not host or not port.isdigit():
         raise UsageError(f"Mooncake master {master!r} is not HOST:PORT",
                          "give the master's RPC address, e.g. 10.0.0.1:50051")
+    return host.strip("[]"), int(port)
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    readable, _, _ = select.select([sock], [], [], max(0.0, timeout_s))
+    return bool(readable)
+
+
+def probe_master(master: str, timeout_s: float = 3.0) -> None:
+    """Check that ``master`` is a ``mooncake_master`` before handing it to Mooncake, whose
+    ``setup`` would retry a dead or foreign address for 30 s or more.
+
+    One connection: wait briefly for an unasked greeting (a kvctl store master sends one),
+    then send :data:`CORO_RPC_PROBE` and expect a coro_rpc reply.
+
+    Raises:
+        UsageError: ``master`` is not ``HOST:PORT``, or it is a kvctl store master.
+        MooncakeUnavailableError: nothing listens there, or it does not answer coro_rpc.
+    """
+    host, port = _split_master(master)
+    deadline = time.monotonic() + timeout_s
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as exc:
         raise MooncakeUnavailableError(
             f"cannot reach mooncake_master at {master}: {exc.strerror or exc}",
             "check that mooncake_master runs there and the port is open "
             "(kvctl starts one when --master is not given)") from exc
+    data: bytes | None = None  # None: nothing arrived in time; b"": the peer closed
+    with sock:
+        try:
+            if not _readable(sock, _GREETING_WAIT_S):
+                sock.sendall(CORO_RPC_PROBE)
+            if _readable(sock, deadline - time.monotonic()):
+                data = sock.recv(64)
+        except OSError as exc:
+            raise MooncakeUnavailableError(
+                f"mooncake_master at {master} dropped the connection: {exc.strerror or exc}",
+                "check that the address is mooncake_master's --rpc_port") from exc
+    if data is not None and data.startswith(_KVCTL_MAGIC):
+        raise UsageError(f"{master} is a kvctl store master; use --backend kvctl",
+                         "or pass --master HOST:PORT of mooncake_master's --rpc_port")
+    if data is None or not looks_like_coro_rpc(data):
+        what = (f"did not answer within {timeout_s:g} s" if data is None else
+                "closed the connection" if not data else f"sent {data[:8]!r}")
+        raise MooncakeUnavailableError(
+            f"{master} accepted a connection but does not speak mooncake_master's RPC "
+            f"(it {what})",
+            "pass --master HOST:PORT of mooncake_master's --rpc_port (default 50051)")
+
+
+def local_address_towards(host: str) -> str:
+    """This host's address on the route to ``host`` (``127.0.0.1`` for a loopback one):
+    what a Mooncake client must bind and call itself so that peers can reach it."""
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except OSError:
+        return "127.0.0.1"
+    for family, _, _, _, sockaddr in infos:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            try:
+                s.connect(sockaddr)  # no packet is sent: the kernel only picks a route
+            except OSError:
+                continue
+            return str(s.getsockname()[0])
+    return "127.0.0.1"
 
 
 class MooncakeStore:
-    """A ``MooncakeDistributedStore`` client over TCP; with ``global_segment_bytes > 0`` it
-    also contributes memory (objects placed there vanish when it closes).
+    """A ``MooncakeDistributedStore`` client over TCP. Client-only by default: with
+    ``global_segment_bytes > 0`` it also mounts that much memory into the pool (objects
+    placed there vanish when it closes), which a check against a production master must not.
 
     Args:
         master: Mooncake master ``HOST:PORT``.
-        local_hostname: this client's address as peers see it (loopback by default).
+        local_hostname: this client's address as peers see it (default: this host's
+            address on the route to the master; loopback for a loopback master).
         metadata_server: ``P2PHANDSHAKE`` (no metadata server) or an etcd/HTTP URL.
-        global_segment_bytes: memory this client contributes to the pool.
+        global_segment_bytes: memory this client mounts into the pool (0: none).
         local_buffer_bytes: the client's registered transfer buffer.
         protocol: ``tcp`` (``rdma`` where the hardware has it).
 
     Raises:
-        MooncakeUnavailableError: the package is missing or ``setup`` failed.
+        UsageError: ``master`` is a kvctl store master (see :func:`probe_master`).
+        MooncakeUnavailableError: the package is missing, the master does not answer as
+            mooncake_master, or ``setup`` failed.
     """
 
-    def __init__(self, master: str, *, local_hostname: str = "127.0.0.1",
-                 metadata_server: str = "P2PHANDSHAKE", global_segment_bytes: int = 256 << 20,
+    def __init__(self, master: str, *, local_hostname: str | None = None,
+                 metadata_server: str = "P2PHANDSHAKE", global_segment_bytes: int = 0,
                  local_buffer_bytes: int = 128 << 20, protocol: str = "tcp") -> None:
+        if local_hostname is None:
+            local_hostname = local_address_towards(_split_master(master)[0])
         os.environ.setdefault("MC_TCP_BIND_ADDRESS", local_hostname)
         cls = _load()
-        _check_reachable(master)  # setup() retries a dead master for about 90 s
+        probe_master(master)  # setup() retries a dead or foreign master for 30-90 s
         self.master = master
+        self.local_hostname = local_hostname
+        self.global_segment_bytes = global_segment_bytes
         self._store = cls()
         rc = self._store.setup(local_hostname, metadata_server, global_segment_bytes,
                                local_buffer_bytes, protocol, "", master)
@@ -269,9 +382,15 @@ class MooncakeStore:
         """Store ``value``.
 
         Raises:
-            StoreError: Mooncake returned an error code.
+            StoreFullError: no room (Mooncake's ``NO_AVAILABLE_HANDLE``, -200): no storage
+                mounted, or all of it full.
+            StoreError: Mooncake returned another error code.
         """
         rc = self._store.put(key, value)
+        if rc == _NO_AVAILABLE_HANDLE:
+            raise StoreFullError(f"Mooncake put of {key!r} failed with code {rc} (no segment "
+                                 "has room, or none is mounted)",
+                                 "mount storage (global_segment_size > 0) or free some")
         if rc != 0:
             raise StoreError(f"Mooncake put of {key!r} failed with code {rc}",
                              "see the Mooncake client log (code -200s: no space)")
@@ -338,6 +457,56 @@ class MooncakeStore:
             raise StoreError(f"Mooncake remove of {key!r} failed with code {rc}",
                              "the object may be under a lease; retry later")
         return True
+
+    def batch_exists(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key is stored.
+
+        Raises:
+            StoreUnavailableError: Mooncake could not tell for one of them.
+        """
+        codes = list(self._store.batch_is_exist(list(keys))) if keys else []
+        bad = [(k, c) for k, c in zip(keys, codes, strict=True) if c < 0]
+        if bad:
+            raise StoreUnavailableError(
+                f"Mooncake batch_is_exist failed for {len(bad)} of {len(keys)} keys "
+                f"(first {bad[0][0]!r}: code {bad[0][1]})", "check the Mooncake master")
+        return [c == 1 for c in codes]
+
+    def remove_prefix(self, prefix: str) -> int:
+        """Remove every key that starts with ``prefix`` (ignoring read leases); how many
+        Mooncake removed.
+
+        Raises:
+            UsageError: an empty prefix (that would be every key of the cluster).
+            StoreError: Mooncake returned an error code.
+        """
+        if not prefix:
+            raise UsageError("refusing to remove every key of a Mooncake cluster",
+                             "give a non-empty key prefix")
+        rc = int(self._store.remove_by_regex("^" + re.escape(prefix), True))
+        if rc < 0:
+            raise StoreError(f"Mooncake remove_by_regex of prefix {prefix!r} failed with "
+                             f"code {rc}", "see the Mooncake client log")
+        return rc
+
+    def replica_endpoints(self, keys: Sequence[str]) -> dict[str, list[str]]:
+        """The transfer endpoints holding each stored key's memory replicas (``disk`` for
+        a replica on a disk tier); keys that are absent are left out."""
+        if not keys:
+            return {}
+        descs = self._store.batch_get_replica_desc(list(keys))
+        out: dict[str, list[str]] = {}
+        for key, replicas in descs.items():
+            places: list[str] = []
+            for replica in replicas:
+                if replica.is_memory_replica():
+                    desc = replica.get_memory_descriptor().buffer_descriptor
+                    places.append(str(desc.transport_endpoint))
+                else:
+                    places.append("disk")
+            if places:
+                out[str(key)] = places
+        return out
 
     # -- zero-copy (registered buffers), used by the benchmark ------------------
 
