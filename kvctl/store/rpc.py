@@ -54,6 +54,63 @@ def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
     return StoreError(info.cause, hint or "see the master's log")
 
 
+#: How long a kvctl store master may take to greet before the peer is probed as a foreign
+#: server, seconds (a master greets as it accepts; mooncake_master never speaks first).
+GREETING_WAIT_S = 1.0
+#: How long a foreign server may take to answer the probe, seconds.
+PROBE_WAIT_S = 1.0
+
+
+def _connect(address: str, host: str, port: int, timeout_s: float) -> socket.socket:
+    try:
+        return socket.create_connection((host, port), timeout=min(timeout_s, 5.0))
+    except OSError as exc:
+        raise StoreUnavailableError(
+            f"cannot reach the store master at {address}: {exc.strerror or exc}",
+            "start one with 'kvctl store serve' or pass --master HOST:PORT") from exc
+
+
+def _await_greeting(sock: socket.socket, address: str, timeout_s: float) -> bool:
+    """Wait up to :data:`GREETING_WAIT_S` (at most ``timeout_s``) for the master's first
+    bytes; ``True`` when they came (or the peer closed: the caller reports that), ``False``
+    when a kvctl greeting came only after the probe below was sent (reconnect).
+
+    A server that stays silent is probed with a coro_rpc request for an unregistered
+    function: ``mooncake_master``, which shares kvctl's default port 50051, answers it at
+    once, so the mismatch is named in about a second instead of a 30 s read timeout.
+
+    Raises:
+        ProtocolError: the peer speaks mooncake_master's RPC, or nothing kvctl knows.
+    """
+    from kvctl.store.mooncake import CORO_RPC_PROBE, looks_like_coro_rpc
+
+    greeting_s, probe_s = min(GREETING_WAIT_S, timeout_s), min(PROBE_WAIT_S, timeout_s)
+    if _readable(sock, greeting_s):
+        return True
+    try:
+        sock.sendall(CORO_RPC_PROBE)
+        answer = sock.recv(64, socket.MSG_PEEK) if _readable(sock, probe_s) else None
+    except OSError:
+        answer = b""
+    if answer and answer[:4] == p.MAGIC[:len(answer[:4])]:
+        return False  # a greeting (its first bytes at least): a slow kvctl master
+    if answer is not None and looks_like_coro_rpc(answer):
+        raise ProtocolError(
+            f"{address} speaks another protocol (looks like mooncake_master's RPC); "
+            "for Mooncake use --backend mooncake",
+            "or pass --master HOST:PORT of a kvctl store master (kvctl store serve/master)")
+    what = (f"sent no greeting within {greeting_s + probe_s:g} s" if answer is None
+            else "closed the connection" if not answer else f"answered {answer[:8]!r}")
+    raise ProtocolError(f"{address} is not a kvctl store master (it {what})",
+                        "pass --master HOST:PORT of a kvctl store master "
+                        "(kvctl store serve/master)")
+
+
+def _readable(sock: socket.socket, timeout_s: float) -> bool:
+    readable, _, _ = select.select([sock], [], [], timeout_s)
+    return bool(readable)
+
+
 class MasterConnection:
     """One authenticated connection to the master (not thread-safe; see :class:`MasterPool`).
 
@@ -74,12 +131,17 @@ class MasterConnection:
         if port == 0:
             raise BadRequestError(f"store master address {address!r} has no port",
                                   "write HOST:PORT, e.g. 127.0.0.1:50051")
+        self._sock = _connect(address, host, port, timeout_s)
         try:
-            self._sock = socket.create_connection((host, port), timeout=min(timeout_s, 5.0))
-        except OSError as exc:
-            raise StoreUnavailableError(
-                f"cannot reach the store master at {address}: {exc.strerror or exc}",
-                "start one with 'kvctl store serve' or pass --master HOST:PORT") from exc
+            if not _await_greeting(self._sock, address, timeout_s):
+                # A kvctl master greeted only after the probe was sent (it will take the
+                # probe for a bad frame): once more, waiting for the greeting as long as
+                # for any reply.
+                self._sock.close()
+                self._sock = _connect(address, host, port, timeout_s)
+        except BaseException:
+            self._sock.close()
+            raise
         set_io_timeouts(self._sock, timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._codec = p.Codec()
