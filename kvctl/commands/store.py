@@ -427,23 +427,39 @@ def rm(
         out.info(f"removed {key!r}")
 
 
+MooncakeMetricsOpt = Annotated[str | None, typer.Option(
+    "--metrics", show_default=False,
+    help="--backend mooncake: mooncake_master's HTTP metrics HOST:PORT or URL "
+    "(default: the master's host, port 9003).")]
+
+
 @app.command()
 def status(
     ctx: typer.Context,
     master: MasterOpt = None,
+    backend: BackendOpt = "kvctl",
+    metrics: MooncakeMetricsOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Show nodes, capacity, usage, evictions and objects per tier, and each node's SSD
     state (ok, full: offload paused while DRAM keeps serving, or off).
 
+    With --backend mooncake: the mooncake_master's health, mounted segments, capacity and
+    usage, read from its HTTP endpoint (--metrics).
+
     Example: kvctl store status --master 10.0.0.5:50051
     """
+    _check_backend(backend)
+    if backend == "mooncake":
+        _mooncake_status(ctx, master, metrics, json_)
+        return
     with _client(ctx, master) as client:
         st = client.status()
         address = client.master
     out = global_options(ctx).output(json_mode=json_)
     if json_:
-        out.emit_json("store.status", {"master": address, **_status_dict(st)})
+        out.emit_json("store.status", {"backend": "kvctl", "master": address,
+                                       **_status_dict(st)})
         return
     reserved = (f" ({format_size(st.reserved_bytes)} of it reserved by clients for puts)"
                 if st.reserved_bytes else "")
@@ -468,6 +484,46 @@ def status(
         if n.ssd_state == "full":
             out.print(Text(f"node {n.node_id}: SSD tier full, offload paused, DRAM serving: "
                            f"{n.ssd_error}", style="yellow"))
+
+
+def _mooncake_status(ctx: typer.Context, master: str | None, metrics: str | None,
+                     json_: bool) -> None:
+    from kvctl.store.mooncake import probe_master
+    from kvctl.store.mooncake_http import (
+        default_metrics_url,
+        normalize_metrics_url,
+        read_master_status,
+    )
+
+    settings = global_options(ctx).settings(StoreSettings, master=master)
+    if not settings.master:
+        raise UsageError("--backend mooncake needs --master HOST:PORT of a mooncake_master",
+                         "pass its RPC address, e.g. --master 10.0.0.1:50051")
+    address = settings.master
+    probe_master(address)  # a kvctl master or a dead port is named before HTTP is tried
+    url = normalize_metrics_url(metrics) if metrics else default_metrics_url(address)
+    st = read_master_status(address, url)
+    out = global_options(ctx).output(json_mode=json_)
+    if json_:
+        out.emit_json("store.status", {"backend": "mooncake", **dataclasses.asdict(st)})
+        return
+    healthy = st.health == "ok" and st.service_ready
+    out.print(Text(f"mooncake_master {address}: {st.health} ({st.role}, {st.ha_state}); "
+                   f"{len(st.segments)} segments, {format_size(st.used_bytes)} of "
+                   f"{format_size(st.capacity_bytes)} used, {st.keys} keys, {st.clients} "
+                   f"clients (from {st.metrics_url})",
+                   style="" if healthy else "bold red"))
+    table = Table(title="segments", title_justify="left")
+    for col in ("segment", "status", "used", "capacity", "use", "protocol", "endpoint"):
+        table.add_column(col, justify="right" if col in ("used", "capacity", "use") else "left")
+    for seg in st.segments:
+        use = f"{seg.used_bytes / seg.capacity_bytes:.0%}" if seg.capacity_bytes else "-"
+        table.add_row(Text(seg.name), seg.status, format_size(seg.used_bytes),
+                      format_size(seg.capacity_bytes), use, seg.protocol, Text(seg.endpoint))
+    out.print(table)
+    if not st.segments or st.capacity_bytes <= 0:
+        out.warn(f"the master at {address} has no storage mounted: start a mooncake storage "
+                 "process / client with global_segment_size > 0")
 
 
 def _plain(obj: Any) -> Any:
@@ -495,6 +551,7 @@ def smoke(
     ctx: typer.Context,
     master: MasterOpt = None,
     backend: BackendOpt = "kvctl",
+    metrics: MooncakeMetricsOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Validate a store end to end; exits 1 naming each failed check.
@@ -503,7 +560,11 @@ def smoke(
     failover, eviction under pressure, SSD round trip; contents verified byte for byte.
 
     Without --master it starts its own store (kvctl: master + 2 nodes, one with SSD;
-    mooncake: a mooncake_master on loopback).
+    mooncake: a mooncake_master and a storage process on loopback).
+
+    Mooncake against --master: client-only (it mounts no segment into the pool); fails at
+    once when the master's HTTP endpoint (--metrics) reports no storage; removes every key
+    it wrote; names the segments that held its objects.
 
     Example: kvctl store smoke --master 10.0.0.5:50051 --json
     """
@@ -512,13 +573,14 @@ def smoke(
     settings = opts.settings(StoreSettings, master=master)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
-    with out.progress("store smoke", total=8) as bar:
+    with out.progress("store smoke", total=11 if backend == "mooncake" else 8) as bar:
         def step(name: str) -> None:
             bar.update(bar.task_ids[0], advance=1, description=f"store smoke: {name}")
             out.debug(f"check {name}")
 
         if backend == "mooncake":
-            report = run_mooncake(settings.master or None, progress=step)
+            report = run_mooncake(settings.master or None, metrics_url=metrics,
+                                  progress=step)
         else:
             report = run_kvctl(settings.master or None, token=common.token, progress=step)
     _render_smoke(out, report, json_)
@@ -532,7 +594,9 @@ def smoke(
 def _render_smoke(out: Output, report: SmokeReport, json_: bool) -> None:
     if json_:
         out.emit_json("store.smoke", {"backend": report.backend, "target": report.target,
-                                      "ok": not report.failed, "checks": report.checks})
+                                      "ok": not report.failed, "checks": report.checks,
+                                      "segments": report.segments,
+                                      "metrics_url": report.metrics_url})
         return
     table = Table(title=f"store smoke: {report.backend} ({report.target})",
                   title_justify="left")
@@ -543,3 +607,11 @@ def _render_smoke(out: Output, report: SmokeReport, json_: bool) -> None:
         table.add_row(c.name, Text(c.status, style=styles[c.status]),
                       f"{c.duration_s:.2f} s", Text(c.detail))
     out.print(table)
+    if report.segments:
+        seg_table = Table(title="segments that held the smoke's objects (all removed)",
+                          title_justify="left")
+        for col in ("segment", "endpoint", "objects"):
+            seg_table.add_column(col, justify="right" if col == "objects" else "left")
+        for seg in report.segments:
+            seg_table.add_row(Text(seg.name), Text(seg.endpoint), str(seg.objects))
+        out.print(seg_table)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvctl.errors import KvctlError, NotFoundError
 from kvctl.store.client import StoreClient
@@ -25,6 +25,10 @@ from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.node import StorageNode
 from kvctl.store.server import MasterServer
+
+if TYPE_CHECKING:
+    from kvctl.store.mooncake import MooncakeStore
+    from kvctl.store.mooncake_http import MooncakeMasterStatus
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = (4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB)
@@ -63,12 +67,39 @@ class CheckResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class SegmentTouch:
+    """A segment (a storage process's memory) that held objects the smoke wrote.
+
+    Attributes:
+        name: the segment's name as the master reports it (its endpoint when the master's
+            metrics endpoint was not read).
+        endpoint: the transfer endpoint the replicas were read from.
+        objects: how many of the smoke's objects had a replica there.
+    """
+
+    name: str
+    endpoint: str
+    objects: int
+
+
+@dataclasses.dataclass(frozen=True)
 class SmokeReport:
-    """All checks of one run."""
+    """All checks of one run.
+
+    Attributes:
+        backend: ``kvctl`` or ``mooncake``.
+        target: the master checked (or ``embedded ...``).
+        checks: one result per check, in the order run.
+        segments: segments that held the smoke's objects (Mooncake; empty for kvctl, whose
+            ``failover`` check names the nodes).
+        metrics_url: the Mooncake master's HTTP endpoint read, if it was.
+    """
 
     backend: str
     target: str
     checks: list[CheckResult]
+    segments: tuple[SegmentTouch, ...] = ()
+    metrics_url: str | None = None
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -210,16 +241,24 @@ def _exists_remove(run: _Run) -> str:
     return "exists/remove semantics hold; absent keys raise NotFound (not a failure)"
 
 
+def _prefix() -> str:
+    """The key prefix of one smoke run: every key it writes starts with it."""
+    return f"smoke/{secrets.token_hex(4)}/"
+
+
 def run_portable(backend: SmokeBackend, *, new_client: Callable[[], SmokeBackend],
                  progress: Callable[[str], None] | None = None) -> tuple[_Run, list[str]]:
     """The checks every backend runs; returns the run (for more checks) and its keys."""
-    run = _Run(backend, new_client=new_client, prefix=f"smoke/{secrets.token_hex(4)}/",
-               progress=progress)
+    run = _Run(backend, new_client=new_client, prefix=_prefix(), progress=progress)
+    _portable_checks(run)
+    return run, sorted(run.keys)
+
+
+def _portable_checks(run: _Run) -> None:
     run.check("single", lambda: _single(run))
     run.check("batch", lambda: _batch(run))
     run.check("concurrent", lambda: _concurrent(run))
     run.check("exists-remove", lambda: _exists_remove(run))
-    return run, sorted(run.keys)
 
 
 # ---------------------------------------------------------------- kvctl-only checks
@@ -446,30 +485,197 @@ class _Shared:
         pass
 
 
-def run_mooncake(master: str | None = None, *,
+#: Checks of kvctl's store that the Mooncake smoke reports as skipped.
+_KVCTL_ONLY = ("ssd-persist", "failover", "eviction", "ssd-read")
+
+
+def run_mooncake(master: str | None = None, *, metrics_url: str | None = None,
                  progress: Callable[[str], None] | None = None) -> SmokeReport:
-    """The portable checks against a Mooncake master (one started on loopback when
-    ``master`` is ``None``) through ``MooncakeDistributedStore`` over TCP."""
-    from kvctl.store.mooncake import MooncakeMaster, MooncakeStore
+    """The portable checks against a Mooncake master through ``MooncakeDistributedStore``
+    over TCP, safe against a production cluster.
+
+    Against ``master`` the client mounts no segment (``global_segment_size=0``), so objects
+    land in the cluster's own storage; the master's HTTP endpoint (``metrics_url``, default
+    ``http://<master host>:9003``) is read first, and a master with no storage mounted fails
+    before anything is written. Every key written (all under one random ``smoke/<hex>/``
+    prefix) is removed at the end, also when a check fails, and the report names the
+    segments that held them. Without ``master`` a ``mooncake_master`` and a 512 MiB storage
+    process start on loopback.
+
+    Raises:
+        UsageError: ``master`` is a kvctl store master, or not ``HOST:PORT``.
+        MooncakeUnavailableError: the package, the master or (when given) its HTTP endpoint
+            is unusable.
+        MooncakeNoStorageError: the master reports no storage capacity.
+    """
+    from kvctl.store.mooncake import MooncakeMaster, probe_master
+    from kvctl.store.mooncake_http import default_metrics_url, normalize_metrics_url
 
     started = MooncakeMaster(storage_bytes=512 << 20) if master is None else None
-    address = started.address if started is not None else str(master)
     try:
-        client = MooncakeStore(address)
-        try:
-            run, keys = run_portable(client, new_client=lambda: _Shared(client),
-                                     progress=progress)
-            reason = "kvctl store only (Mooncake's replicas, eviction and SSD offload are " \
-                     "configured on its master and clients, not driven by this smoke)"
-            for name in ("ssd-persist", "failover", "eviction", "ssd-read"):
-                run.checks.append(CheckResult(name, "skip", reason, 0.0))
-            for key in keys:
-                with contextlib.suppress(KvctlError):
-                    client.remove(key)
-        finally:
-            client.close()
+        if started is not None:
+            address, url, explicit = started.address, started.metrics_url, True
+        else:
+            address = str(master)
+            probe_master(address)  # a kvctl master or a dead port: fail before HTTP
+            explicit = metrics_url is not None
+            url = normalize_metrics_url(metrics_url) if metrics_url else \
+                default_metrics_url(address)
+        report = _MooncakeSmoke(address, url, explicit=explicit, progress=progress).run()
     finally:
         if started is not None:
             started.close()
-    return SmokeReport("mooncake", "embedded mooncake_master" if started else address,
-                       run.checks)
+    if started is not None:
+        report = dataclasses.replace(report, target="embedded mooncake_master")
+    return report
+
+
+class _MooncakeSmoke:
+    """One Mooncake smoke run (see :func:`run_mooncake`)."""
+
+    def __init__(self, address: str, metrics_url: str, *, explicit: bool,
+                 progress: Callable[[str], None] | None) -> None:
+        self.address = address
+        self.metrics_url = metrics_url
+        self.explicit = explicit
+        self.progress = progress
+        self.checks: list[CheckResult] = []
+        #: why the master's HTTP endpoint was not read (when it was not).
+        self.unread = ""
+
+    def _row(self, name: str, status: str, detail: str, started: float) -> None:
+        if self.progress is not None:
+            self.progress(name)
+        self.checks.append(CheckResult(name, status, detail, time.perf_counter() - started))
+
+    def _read_status(self) -> MooncakeMasterStatus | None:
+        """The master's HTTP status; ``None`` when the default endpoint is not there (a
+        given one must answer)."""
+        from kvctl.store.mooncake_http import MooncakeMetricsUnavailableError, read_master_status
+
+        try:
+            return read_master_status(self.address, self.metrics_url)
+        except MooncakeMetricsUnavailableError as exc:
+            if self.explicit:
+                raise
+            self.unread = exc.cause
+            return None
+
+    def run(self) -> SmokeReport:
+        from kvctl.store.mooncake import MooncakeStore
+        from kvctl.store.mooncake_http import require_storage
+
+        t0 = time.perf_counter()
+        before = self._read_status()
+        if before is not None:
+            require_storage(before)
+        client = MooncakeStore(self.address)  # client-only: mounts nothing
+        segments: tuple[SegmentTouch, ...] = ()
+        try:
+            self._storage(client, before, t0)
+            self._client_only(client, before)
+            run = _Run(_Shared(client), new_client=lambda: _Shared(client), prefix=_prefix(),
+                       progress=self.progress)
+            try:
+                _portable_checks(run)
+            finally:
+                segments = self._cleanup(client, run, before)
+            self.checks[2:2] = run.checks  # storage, client-only, then the portable checks
+        finally:
+            client.close()
+        reason = ("kvctl store only (Mooncake's replicas, eviction and SSD offload are "
+                  "configured on its master and clients, not driven by this smoke)")
+        self.checks.extend(CheckResult(name, "skip", reason, 0.0) for name in _KVCTL_ONLY)
+        return SmokeReport("mooncake", self.address, self.checks, segments,
+                           self.metrics_url if before is not None else None)
+
+    def _storage(self, client: MooncakeStore, before: MooncakeMasterStatus | None,
+                 t0: float) -> None:
+        from kvctl.store.errors import StoreFullError
+        from kvctl.store.mooncake_http import MooncakeNoStorageError
+
+        if before is not None:
+            names = ", ".join(f"{s.name} ({_fmt(s.capacity_bytes)})" for s in before.segments)
+            self._row("storage", "pass",
+                      f"master {before.health} ({before.role}, {before.ha_state}): "
+                      f"{len(before.segments)} segment(s) {names}; {_fmt(before.used_bytes)} "
+                      f"of {_fmt(before.capacity_bytes)} used, {before.keys} keys", t0)
+            return
+        key = f"{_prefix()}storage-probe"
+        try:
+            client.put(key, _value(4 * KiB))
+        except StoreFullError as exc:
+            raise MooncakeNoStorageError(
+                f"the master at {self.address} took no 4 KiB object ({exc.cause}): it has no "
+                "storage mounted, or all of it is full",
+                "start a mooncake storage process / client with global_segment_size > 0; "
+                "pass --metrics HOST:PORT to read the master's segments") from None
+        finally:
+            with contextlib.suppress(KvctlError):
+                client.remove(key)
+        self._row("storage", "skip",
+                  f"{self.unread}; a 4 KiB put was accepted, so some storage is mounted "
+                  "(pass --metrics HOST:PORT to check health and segments)", t0)
+
+    def _client_only(self, client: MooncakeStore, before: MooncakeMasterStatus | None
+                     ) -> None:
+        t0 = time.perf_counter()
+        if before is None:
+            self._row("client-only", "skip",
+                      "this client mounted no segment (global_segment_size=0); not verified "
+                      "without the master's metrics endpoint", t0)
+            return
+        after = self._read_status()
+        if after is None:
+            self._row("client-only", "skip", self.unread, t0)
+            return
+        old = {s.name for s in before.segments}
+        new = sorted({s.name for s in after.segments} - old)
+        mine = [n for n in new if n.rpartition(":")[0] == client.local_hostname]
+        if mine:
+            self._row("client-only", "fail",
+                      f"the pool gained segment(s) {', '.join(mine)} named like this client "
+                      f"({client.local_hostname}) after it connected", t0)
+            return
+        others = f"; {', '.join(new)} joined meanwhile" if new else ""
+        self._row("client-only", "pass",
+                  f"mounted no segment: the pool has its {len(old)} segment(s) and "
+                  f"{_fmt(before.capacity_bytes)} of capacity as before{others}", t0)
+
+    def _cleanup(self, client: MooncakeStore, run: _Run,
+                 before: MooncakeMasterStatus | None) -> tuple[SegmentTouch, ...]:
+        """Name the segments holding the run's objects, remove every key under its prefix
+        and check none is left; a ``cleanup`` row says what happened."""
+        t0 = time.perf_counter()
+        keys = sorted(run.keys)
+        touched: dict[str, int] = {}
+        problems: list[str] = []
+        try:
+            present = [k for k, there in zip(keys, client.batch_exists(keys), strict=True)
+                       if there]
+            for places in client.replica_endpoints(present).values():
+                for endpoint in set(places):
+                    touched[endpoint] = touched.get(endpoint, 0) + 1
+        except KvctlError as exc:
+            problems.append(f"replicas not read: {exc.cause}")
+        try:
+            client.remove_prefix(run.prefix)
+            left = [k for k, there in zip(keys, client.batch_exists(keys), strict=True)
+                    if there]
+        except KvctlError as exc:
+            left = []
+            problems.append(f"removal failed: {exc.cause}")
+        if left:
+            problems.append(f"{len(left)} of {len(keys)} keys still stored after removal "
+                            f"(first {left[0]})")
+        segments = tuple(
+            SegmentTouch((before.segment_for_endpoint(ep) if before else None) or ep, ep, n)
+            for ep, n in sorted(touched.items()))
+        where = ", ".join(f"{s.name} ({s.objects} objects)" for s in segments) or "none"
+        if problems:
+            self._row("cleanup", "fail", "; ".join(problems) + f"; segments: {where}", t0)
+        else:
+            self._row("cleanup", "pass",
+                      f"removed all {len(keys)} keys it wrote under {run.prefix} (none left); "
+                      f"objects were on segment(s) {where}", t0)
+        return segments
