@@ -108,8 +108,8 @@ LmcacheHostOpt = Annotated[str | None, typer.Option(
          "builtin hash).")]
 LoraPathsOpt = Annotated[list[str] | None, typer.Option(
     "--lora-paths", rich_help_panel=_ENGINE, show_default=False,
-    help="SGLang --lora-paths entry NAME=PATH or PATH (repeatable): LoRA ids are "
-         "uuid5(name, path).")]
+    help="Adapter NAME=PATH or PATH as the engine was started (SGLang --lora-paths, vLLM "
+         "--lora-modules; repeatable): paths for prompts whose lora gives only a name.")]
 
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", help="Tokenizer (path or id) for prompts given as text.",

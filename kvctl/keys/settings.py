@@ -38,7 +38,8 @@ class KeysSettings:
         layer_id: LMCache layer-wise mode: the layer whose keys to write.
         lmcache_host: ``vllm`` (LMCache inside vLLM) or ``none`` (no vLLM: NONE_HASH 0,
             builtin hash).
-        lora_paths: SGLang ``--lora-paths`` entries (``NAME=PATH`` or ``PATH``).
+        lora_paths: adapters as the engine was started with them (``NAME=PATH`` or
+            ``PATH``: SGLang ``--lora-paths``, vLLM ``--lora-modules``).
     """
 
     profile: str = "kvctl:sha256"

@@ -25,7 +25,7 @@ from kvctl.keys.manifest import (
     token_block_digests,
     write_manifest,
 )
-from kvctl.keys.profiles import KeyConfig, KeyFormat, get_profile
+from kvctl.keys.profiles import KeyConfig, get_profile
 from kvctl.keys.profiles.base import EngineOptions, LmcacheHost
 from kvctl.keys.profiles.sglang import deterministic_lora_id
 from kvctl.keys.prompts import LoraRef, MmItem, Prompt, read_prompts
@@ -178,7 +178,7 @@ def test_vllm_mooncake_needs_kv_heads_with_tp_size() -> None:
     assert "@tp_rank:0@" in emit(mla, [Prompt("p", TOKENS)]).prompts[0].keys[0]
     outside = config_from_settings(_settings(key_format="mooncake", tp_size=2, tp_rank=3,
                                              num_kv_heads=8), env={})
-    with pytest.raises(UsageError, match="outside 0..1"):
+    with pytest.raises(UsageError, match=r"outside 0\.\.1"):
         emit(outside, [Prompt("p", TOKENS)])
 
 
@@ -186,6 +186,9 @@ def test_vllm_lora_needs_its_path_and_old_vllm_its_int_id() -> None:
     config = config_from_settings(_settings(), env={})
     with pytest.raises(UsageError, match="has no path"):
         emit(config, [Prompt("p", TOKENS, LoraRef("sql"))])
+    modules = config_from_settings(_settings(lora_paths=("sql=/l",)), env={})
+    assert (emit(modules, [Prompt("p", TOKENS, LoraRef("sql"))]).prompts[0].keys
+            == emit(config, [Prompt("p", TOKENS, LoraRef("sql", "/l"))]).prompts[0].keys)
     old = config_from_settings(_settings(profile="vllm-0.10.2:sha256"), env={"PYTHONHASHSEED": "0"})
     with pytest.raises(UsageError, match="lora_int_id") as err:
         emit(old, [Prompt("p", TOKENS, LoraRef("sql", "/l"))])
@@ -235,7 +238,7 @@ def test_lmcache_seed_sources() -> None:
 
 def test_compare_blames_the_engine_option_that_differs() -> None:
     prompt = Prompt("p", TOKENS)
-    base = dict(key_format="mooncake", tp_size=8, num_kv_heads=8, tp_rank=5)
+    base = {"key_format": "mooncake", "tp_size": 8, "num_kv_heads": 8, "tp_rank": 5}
     a = emit(config_from_settings(_settings(**base), env={}), [prompt])
     b = emit(config_from_settings(_settings(**{**base, "num_kv_heads": 2}), env={}), [prompt])
     result = compare([dataclasses.replace(a, source="a"), dataclasses.replace(b, source="b")])

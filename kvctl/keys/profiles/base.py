@@ -57,8 +57,10 @@ class EngineOptions:
         lmcache_host: :class:`LmcacheHost`: ``vllm`` (LMCache inside vLLM) or ``none``
             (no vLLM importable: NONE_HASH is 0 and Python's builtin hash is used whatever
             ``pre_caching_hash_algorithm`` says).
-        lora_paths: SGLang ``--lora-paths`` as ``(name, path)`` pairs: the adapters whose
-            ``lora_id`` is ``uuid5(NAMESPACE_URL, name + "\\0" + path)``.
+        lora_paths: the adapters the engine was started with, as ``(name, path)`` pairs
+            (SGLang ``--lora-paths``: their ``lora_id`` is ``uuid5(NAMESPACE_URL, name +
+            "\\0" + path)``; vLLM ``--lora-modules``: the path its LoRA key holds), for
+            prompts that name an adapter without its path.
     """
 
     tp_size: int | None = None

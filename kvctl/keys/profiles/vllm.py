@@ -213,8 +213,8 @@ def _lora_keys(prompt: Prompt, era: Era) -> list[Any]:
             raise UsageError(
                 f"prompt {prompt.id!r}: vLLM {era.releases} keys LoRA blocks by adapter name "
                 f"and path, but {lora.name!r} has no path",
-                'give "lora": {"name": ..., "path": ...} with the path vLLM loaded it from '
-                "(--lora-modules NAME=PATH), or --lora-path for --lora-name")
+                'give "lora": {"name": ..., "path": ...} with the path vLLM loaded it from, '
+                "or kvctl's --lora-paths NAME=PATH as in vLLM's --lora-modules")
         return [("lora", lora.name, lora.path)]
     if era.lora is Shape.INT_ID:
         if not lora.id.isdigit():
@@ -295,6 +295,10 @@ class _VllmKeyer(Keyer):
 
     def block_hashes(self, prompt: Prompt) -> list[bytes]:
         size = self.config.block_size
+        lora = prompt.lora
+        if lora is not None and not lora.path:  # --lora-modules NAME=PATH, as vLLM started
+            path = dict(self.config.options.lora_paths).get(lora.name, "")
+            prompt = dataclasses.replace(prompt, lora=dataclasses.replace(lora, path=path))
         tokens = prompt.tokens
         parent = self.none_hash
         out: list[bytes] = []
@@ -329,7 +333,7 @@ class VllmProfile(KeyProfile):
         self.seed_doc = (f"vLLM {era.releases}: NONE_HASH = {seed}; extra keys: {lora} every "
                          f"block, {salt} first block, multimodal items"
                          + ("" if era.prompt_embeds is Shape.ABSENT else ", prompt embeds"))
-        self.mixes = frozenset({"lora", "cache_salt", "pythonhashseed", "mm"}
+        self.mixes = frozenset({"lora", "cache_salt", "pythonhashseed", "mm", "lora_paths"}
                                | ({"prompt_embeds"} if era.prompt_embeds is not Shape.ABSENT
                                   else set()))
         self.mooncake_mixes = (frozenset({"model", "tp_rank", "store_prefix", "tp_size",
