@@ -35,6 +35,7 @@ from kvctl.net.framing import (
     send_views,
     set_send_timeout,
 )
+from kvctl.net.limits import PendingLimit, accept
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterCore
@@ -45,8 +46,11 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("kvctl.store.server")
 
-#: Seconds between housekeeping passes (dead nodes, expired puts, deferred frees).
+#: Seconds between housekeeping passes (node liveness, expired puts, deferred frees), and
+#: the most one pass spends on background jobs before judging liveness again.
 TICK_S = 0.1
+#: Seconds a connection may take to log in (or, without a token, to send a request).
+LOGIN_TIMEOUT_S = 10.0
 #: Seconds a send to a client may make no progress before its connection is closed. Longer
 #: than a client's worst early read against a stalled node (two data-path timeouts of
 #: 30 s by default), during which it does not read its reply yet.
@@ -91,6 +95,9 @@ class MasterServer:
         self._token = token
         self._max_frame = max_frame_bytes
         self._max_conns = max_connections
+        #: connections not logged in (or, without a token, with no request yet): few, short
+        self._pending = PendingLimit(max(1, min(64, max_connections // 4)), "store master",
+                                     deadline_s=LOGIN_TIMEOUT_S)
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -139,18 +146,24 @@ class MasterServer:
         self.attached_bytes = max(0, attached_bytes)
 
     def _tick_loop(self) -> None:
-        while not self._stop.wait(TICK_S):
+        more = False
+        while not self._stop.is_set():
+            if not more:  # background work (a node drop, an eviction) wakes it early
+                self.core.wait_for_work(TICK_S)
+            if self._stop.is_set():
+                return
             try:
-                self.core.tick()
+                more = self.core.tick(budget_s=TICK_S)
             except Exception:  # noqa: BLE001 - housekeeping must outlive a bug; logged
                 _log.exception("master housekeeping failed")
+                more = False
 
     def _accept_loop(self) -> None:
         while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
+            accepted = accept(self._sock, "store master", closed=self._stop)
+            if accepted is None:
                 return
+            conn, _ = accepted
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A client that stops reading must not hold this thread (and, while attached
             # bytes are being sent, its node's memory) forever: the send fails and the
@@ -160,6 +173,7 @@ class MasterServer:
                 full = len(self._conns) >= self._max_conns
                 if not full:
                     self._conns.add(conn)
+                    self._pending.admit(conn)
             if full:
                 codec = p.Codec(max_frame_bytes=self._max_frame)
                 with contextlib.suppress(OSError):
@@ -176,6 +190,8 @@ class MasterServer:
         reader = FrameReader(conn, codec.frames)
         try:
             namespace = self._handshake(conn, codec, reader)
+            if namespace is not None and self._token is not None:
+                self._pending.trusted(conn)  # logged in; without a token: its first request
             if namespace is not None:
                 self._loop(conn, codec, reader, namespace)
         except (OSError, ConnectionClosedError):
@@ -183,6 +199,7 @@ class MasterServer:
         except FrameError as exc:  # a garbled or oversized login frame: drop this client
             _log.warning("store master: closing a connection: %s", exc.cause)
         finally:
+            self._pending.trusted(conn)
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
@@ -239,6 +256,7 @@ class MasterServer:
                     code="bad_request", cause=f"malformed request: {exc}",
                     hint="the client and master disagree on the protocol")))
                 continue
+            self._pending.trusted(conn)
             started = time.perf_counter()
             try:
                 reply = self._scoped(msg, namespace)
@@ -383,6 +401,7 @@ class MasterServer:
         if self._stop.is_set():
             return
         self._stop.set()
+        self._pending.close()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

@@ -68,6 +68,9 @@ from kvctl.transfer.transports.shm import ShmTransport
 from kvctl.transfer.transports.tcp import DEFAULT_SPIN_S, TcpTransport
 
 _log = logging.getLogger("kvctl.transfer")
+#: Unread notifications kept, by count and by bytes (the oldest go first beyond).
+MAX_INBOX = 4096
+MAX_INBOX_BYTES = 16 << 20
 
 TRANSPORTS = ("auto", "shm", "tcp", "rdma")
 
@@ -207,6 +210,10 @@ class TransferEngine:
         self._server: TargetServer | None = None
         self._keeper: LeaseKeeper | None = None
         self._inbox: queue.SimpleQueue[Notification] = queue.SimpleQueue()
+        self._inbox_lock = threading.Lock()
+        self._inbox_bytes = 0
+        #: unread notifications dropped because the inbox was full
+        self.notifications_dropped = 0
         self._closed = False
 
         self._rdma_reason: str | None = "not requested"
@@ -786,8 +793,28 @@ class TransferEngine:
         note = Notification(sender, message, time.time())
         if self._on_notification is not None:
             self._on_notification(note)
-        else:
+            return
+        # Unread notifications are bounded: past the bound the oldest is dropped (and
+        # counted), so a peer that floods us cannot grow this process without limit.
+        with self._inbox_lock:
+            while self._inbox.qsize() >= MAX_INBOX or (
+                    self._inbox_bytes + len(message) > MAX_INBOX_BYTES and self._inbox.qsize()):
+                try:
+                    old = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                self._inbox_bytes -= len(old.message)
+                self.notifications_dropped += 1
+                if self.notifications_dropped in (1, 100, 10000):
+                    _log.warning("engine %s: %d unread notification(s) dropped (the inbox "
+                                 "keeps %d)", self.name, self.notifications_dropped, MAX_INBOX)
+            self._inbox_bytes += len(message)
             self._inbox.put(note)
+
+    def _took(self, note: Notification) -> Notification:
+        with self._inbox_lock:
+            self._inbox_bytes -= len(note.message)
+        return note
 
     def get_notification(self, timeout_s: float | None = None) -> Notification:
         """The next notification received (waits up to ``timeout_s``; ``None``: forever).
@@ -796,7 +823,7 @@ class TransferEngine:
             TransferTimeoutError: none arrived in time.
         """
         try:
-            return self._inbox.get(timeout=timeout_s)
+            return self._took(self._inbox.get(timeout=timeout_s))
         except queue.Empty:
             raise TransferTimeoutError(f"no notification within {timeout_s:g} s",
                                        "check that the peer submits with notify=...") from None
@@ -806,7 +833,7 @@ class TransferEngine:
         out: list[Notification] = []
         while True:
             try:
-                out.append(self._inbox.get_nowait())
+                out.append(self._took(self._inbox.get_nowait()))
             except queue.Empty:
                 return out
 

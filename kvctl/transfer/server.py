@@ -31,6 +31,7 @@ from kvctl.net.framing import (
     recv_into_views,
     send_views,
 )
+from kvctl.net.limits import PendingLimit, accept
 from kvctl.transfer import protocol as p
 from kvctl.transfer.errors import OutOfRangeError
 from kvctl.transfer.segments import LocalBuffer, LocalSegment, find_buffer, landing_views
@@ -39,6 +40,10 @@ _log = logging.getLogger("kvctl.transfer.server")
 
 _U16 = struct.Struct("<H")
 HANDSHAKE_TIMEOUT_S = 10.0
+#: Connections that have not finished the handshake, at once (the oldest gives way).
+MAX_PENDING = 64
+#: Connections served at once; past it new ones are closed at once.
+MAX_CONNECTIONS = 512
 
 
 class _RejectError(Exception):
@@ -79,6 +84,8 @@ class TargetServer:
             ) from None
         self.host, self.port = self._listener.getsockname()[:2]
         announce_bind("transfer target", self.host, self.port)
+        self._pending = PendingLimit(MAX_PENDING, f"transfer target {self.address}",
+                                     deadline_s=HANDSHAKE_TIMEOUT_S)
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -99,6 +106,7 @@ class TargetServer:
                 return
             self._closed = True
             conns = list(self._conns)
+        self._pending.close()
         with contextlib.suppress(OSError):
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
@@ -113,15 +121,21 @@ class TargetServer:
 
     def _accept_loop(self) -> None:
         while True:
-            try:
-                conn, peer = self._listener.accept()
-            except OSError:
+            accepted = accept(self._listener, f"transfer target {self.address}")
+            if accepted is None:
                 return
+            conn, peer = accepted
             with self._lock:
                 if self._closed:
                     conn.close()
                     return
+                if len(self._conns) >= MAX_CONNECTIONS:
+                    _log.warning("transfer target: %d connections open, refusing one",
+                                 MAX_CONNECTIONS)
+                    conn.close()
+                    continue
                 self._conns.add(conn)
+                self._pending.admit(conn)
                 self._threads = [t for t in self._threads if t.is_alive()]
                 thread = threading.Thread(target=self._serve, args=(conn, peer),
                                           name="kvctl-target-conn", daemon=True)
@@ -138,6 +152,7 @@ class TargetServer:
         except OSError as exc:
             _log.debug("connection from %s:%d ended: %s", peer[0], peer[1], exc)
         finally:
+            self._pending.trusted(conn)
             with self._lock:
                 self._conns.discard(conn)
             conn.close()
@@ -165,6 +180,7 @@ class TargetServer:
             return False
         conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.OK))
         conn.settimeout(None)
+        self._pending.trusted(conn)
         return True
 
     def _loop(self, conn: socket.socket) -> None:

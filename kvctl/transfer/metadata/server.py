@@ -53,6 +53,7 @@ from kvctl.errors import UsageError
 from kvctl.net.advertise import advertised_addresses, join_host_port
 from kvctl.net.auth import RequestVerifier
 from kvctl.net.bind import LOOPBACK, announce_bind, is_unspecified
+from kvctl.net.limits import PAUSE_MAX_S, PAUSE_MIN_S, RESOURCE_ERRNOS, PendingLimit
 
 if TYPE_CHECKING:
     from kvctl.metrics import ServerMetrics
@@ -81,19 +82,42 @@ class _RefusedError(Exception):
 class _Listener(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # socketserver's 5 drops SYNs under a burst of clients
 
     def __init__(self, address: tuple[str, int], owner: MetadataServer) -> None:
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.owner = owner
         self.active: set[socket.socket] = set()
         self.active_lock = threading.Lock()
+        # Connections waiting for a request that passes (signed, with a token) are few and
+        # short: a flood of idle or slow-drip sockets cuts its own oldest, not new clients.
+        self.pending = PendingLimit(owner.max_pending, "metadata server",
+                                    deadline_s=owner.request_timeout_s)
+        self._accept_pause_s = PAUSE_MIN_S
         super().__init__(address, _Handler)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            request = super().get_request()
+        except OSError as exc:
+            if exc.errno in RESOURCE_ERRNOS:  # out of descriptors: wait, do not spin
+                time.sleep(self._accept_pause_s)
+                self._accept_pause_s = min(self._accept_pause_s * 2, PAUSE_MAX_S)
+            raise
+        self._accept_pause_s = PAUSE_MIN_S
+        return request
+
+    def server_close(self) -> None:
+        self.pending.close()
+        super().server_close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self.active_lock:
             full = len(self.active) >= self.owner.max_connections
             if not full:
                 self.active.add(request)
+        if not full:
+            self.pending.admit(request)
         if full:
             _log.warning("metadata server: refusing %s, %d connections already open",
                          client_address[0], self.owner.max_connections)
@@ -105,6 +129,7 @@ class _Listener(ThreadingHTTPServer):
         super().process_request(request, client_address)
 
     def close_request(self, request: Any) -> None:
+        self.pending.trusted(request)
         with self.active_lock:
             self.active.discard(request)
         super().close_request(request)
@@ -158,6 +183,10 @@ class _Handler(BaseHTTPRequestHandler):
             owner.metrics.record(op if op in _METRIC_OPS else "other",
                                  time.perf_counter() - started, outcome, bytes_in=body_bytes)
         self._reply(status, payload)
+        if not self.close_connection and owner.verifier is None:
+            # Without a token a connection proves nothing: between requests it is pending
+            # again. With one, a connection that signed a request stays trusted.
+            self.server.pending.admit(self.request)
 
     def _answer(self, method: str, owner: MetadataServer) -> tuple[int, dict[str, Any], int]:
         """Read, check and answer one request: HTTP status, reply payload, body size."""
@@ -169,6 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if not owner.verifier.verify(method, self.path, body, headers):
                     raise _RefusedError(401, "unauthorized",
                                       "missing, wrong, stale or replayed request signature")
+            self.server.pending.trusted(self.request)
             return 200, owner.dispatch(method, self.path, body), len(body)
         except _RefusedError as exc:
             if exc.status >= 500:
@@ -227,6 +257,8 @@ class MetadataServer:
         request_timeout_s: a connection idle or stalled this long (seconds) is dropped.
         max_body_bytes: largest request body accepted (413 beyond).
         max_connections: connections served at once (503 beyond).
+        max_pending: connections at once waiting for a request that passes (a signed one,
+            with a token); past it the oldest waiting one is cut.
         metrics: where to count requests (``kvctl metadata serve --metrics-port``).
         advertise: ``HOST`` or ``HOST:PORT`` peers should use (``--advertise``); by default
             the bound address, or the host's first interface address for a wildcard bind.
@@ -242,6 +274,7 @@ class MetadataServer:
         request_timeout_s: float = 10.0,
         max_body_bytes: int = 4 << 20,
         max_connections: int = 256,
+        max_pending: int = 64,
         metrics: ServerMetrics | None = None,
         advertise: Sequence[str] = (),
     ) -> None:
@@ -254,6 +287,7 @@ class MetadataServer:
         self.data_dir = data_dir
         self.request_timeout_s = request_timeout_s
         self.max_body_bytes = max_body_bytes
+        self.max_pending = max_pending
         self.max_connections = max_connections
         self.verifier = RequestVerifier(token) if token else None
         self.metrics = metrics
