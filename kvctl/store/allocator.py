@@ -1,15 +1,23 @@
 """Space allocation inside one node segment: best-fit over free extents with coalescing.
 
-Two sorted views of the free extents are kept: by offset (to merge neighbours on free) and
-by ``(length, offset)`` (to find the smallest extent that fits in ``O(log n)``). Every
-allocation is rounded up to :attr:`ExtentAllocator.alignment_bytes`.
+Two sorted views of the free extents are kept (``sortedcontainers.SortedList``, O(log n)
+insert and remove): by offset (to merge neighbours on free) and by length then offset (to
+find the smallest extent that fits). Every allocation is rounded up to
+:attr:`ExtentAllocator.alignment_bytes`. A restore builds the allocator from every live
+range at once (:meth:`ExtentAllocator.from_ranges`: one sort, whatever order the ranges
+come in) instead of carving them out one by one.
 """
 
 from __future__ import annotations
 
-import bisect
+from collections.abc import Sequence
+
+from sortedcontainers import SortedList
 
 DEFAULT_ALIGNMENT_BYTES = 64
+#: by-size keys pack ``length << _SHIFT | offset`` into one int (offsets below 2**64).
+_SHIFT = 64
+_MASK = (1 << _SHIFT) - 1
 
 
 class AllocatorInvariantError(RuntimeError):
@@ -31,11 +39,50 @@ class ExtentAllocator:
         self.alignment_bytes = alignment_bytes
         self.capacity_bytes = capacity_bytes - capacity_bytes % alignment_bytes
         self.used_bytes = 0
-        self._offsets: list[int] = []
+        self._offsets: SortedList = SortedList()
         self._lengths: dict[int, int] = {}
-        self._by_size: list[tuple[int, int]] = []
+        self._by_size: SortedList = SortedList()
         if self.capacity_bytes:
             self._insert(0, self.capacity_bytes)
+
+    @classmethod
+    def from_ranges(cls, capacity_bytes: int, ranges: Sequence[tuple[int, int]], *,
+                    alignment_bytes: int = DEFAULT_ALIGNMENT_BYTES
+                    ) -> tuple[ExtentAllocator, list[int]]:
+        """An allocator with each ``(offset, size_bytes)`` of ``ranges`` allocated, built in
+        one pass (O(n log n) for n ranges in any order), and the indices of the ranges
+        refused: outside the segment, misaligned, or overlapping one at a lower offset (of
+        two overlapping ranges at the same offset, the one listed first is kept)."""
+        alloc = cls(capacity_bytes, alignment_bytes=alignment_bytes)
+        if not ranges:
+            return alloc, []
+        alloc._offsets.clear()
+        alloc._lengths.clear()
+        alloc._by_size.clear()
+        order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+        rejected: list[int] = []
+        free: list[tuple[int, int]] = []
+        pos = 0
+        used = 0
+        cap = alloc.capacity_bytes
+        for i in order:
+            offset, size = ranges[i]
+            length = alloc.rounded(size)
+            if offset < pos or offset % alignment_bytes or offset + length > cap:
+                rejected.append(i)
+                continue
+            if offset > pos:
+                free.append((pos, offset - pos))
+            pos = offset + length
+            used += length
+        if pos < cap:
+            free.append((pos, cap - pos))
+        alloc.used_bytes = used
+        alloc._offsets.update(off for off, _ in free)
+        alloc._lengths.update(free)
+        alloc._by_size.update(length << _SHIFT | off for off, length in free)
+        rejected.sort()
+        return alloc, rejected
 
     def rounded(self, size_bytes: int) -> int:
         """``size_bytes`` rounded up to the alignment (at least one alignment unit)."""
@@ -50,7 +97,12 @@ class ExtentAllocator:
     @property
     def largest_free_bytes(self) -> int:
         """The largest single allocation that would succeed now, in bytes."""
-        return self._by_size[-1][0] if self._by_size else 0
+        return int(self._by_size[-1] >> _SHIFT) if self._by_size else 0
+
+    @property
+    def free_extents(self) -> int:
+        """How many free extents there are (fragmentation)."""
+        return len(self._offsets)
 
     def extents(self) -> list[tuple[int, int]]:
         """Free extents as ``(offset, length)`` in offset order (for tests and status)."""
@@ -60,15 +112,16 @@ class ExtentAllocator:
         """Offset of a fresh range of ``rounded(size_bytes)`` bytes, or ``None`` when no free
         extent is large enough (the caller evicts and retries)."""
         need = self.rounded(size_bytes)
-        i = bisect.bisect_left(self._by_size, (need, -1))
+        i = self._by_size.bisect_left(need << _SHIFT)
         if i == len(self._by_size):
             return None
-        length, offset = self._by_size[i]
-        self._remove(offset, length, size_index=i)
+        packed = self._by_size[i]
+        length, offset = packed >> _SHIFT, packed & _MASK
+        self._remove(offset, length)
         if length > need:
             self._insert(offset + need, length - need)
         self.used_bytes += need
-        return offset
+        return int(offset)
 
     def free(self, offset: int, size_bytes: int) -> None:
         """Return ``rounded(size_bytes)`` bytes at ``offset``; merges with free neighbours.
@@ -80,9 +133,10 @@ class ExtentAllocator:
         end = offset + length
         if offset < 0 or end > self.capacity_bytes or offset % self.alignment_bytes:
             raise AllocatorInvariantError(f"free of [{offset}, {end}) is outside the segment")
-        i = bisect.bisect_left(self._offsets, offset)
-        prev_off = self._offsets[i - 1] if i > 0 else None
-        next_off = self._offsets[i] if i < len(self._offsets) else None
+        offsets = self._offsets
+        i = offsets.bisect_left(offset)
+        prev_off: int | None = offsets[i - 1] if i > 0 else None
+        next_off: int | None = offsets[i] if i < len(offsets) else None
         if prev_off is not None and prev_off + self._lengths[prev_off] > offset:
             raise AllocatorInvariantError(f"free of [{offset}, {end}) overlaps a free extent")
         if next_off is not None and next_off < end:
@@ -98,13 +152,13 @@ class ExtentAllocator:
         self._insert(start, end - start)
 
     def reserve(self, offset: int, size_bytes: int) -> None:
-        """Mark ``rounded(size_bytes)`` bytes at ``offset`` as allocated (state rebuild).
+        """Mark ``rounded(size_bytes)`` bytes at ``offset`` as allocated.
 
         Raises:
             AllocatorInvariantError: the range is not entirely free.
         """
         length = self.rounded(size_bytes)
-        i = bisect.bisect_right(self._offsets, offset) - 1
+        i = self._offsets.bisect_right(offset) - 1
         if i < 0:
             raise AllocatorInvariantError(f"reserve of [{offset}, +{length}) is not free")
         ext_off = self._offsets[i]
@@ -120,13 +174,11 @@ class ExtentAllocator:
         self.used_bytes += length
 
     def _insert(self, offset: int, length: int) -> None:
-        bisect.insort(self._offsets, offset)
+        self._offsets.add(offset)
         self._lengths[offset] = length
-        bisect.insort(self._by_size, (length, offset))
+        self._by_size.add(length << _SHIFT | offset)
 
-    def _remove(self, offset: int, length: int, *, size_index: int | None = None) -> None:
-        del self._offsets[bisect.bisect_left(self._offsets, offset)]
+    def _remove(self, offset: int, length: int) -> None:
+        self._offsets.remove(offset)
         del self._lengths[offset]
-        if size_index is None:
-            size_index = bisect.bisect_left(self._by_size, (length, offset))
-        del self._by_size[size_index]
+        self._by_size.remove(length << _SHIFT | offset)

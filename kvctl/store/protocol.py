@@ -146,6 +146,10 @@ class NodeStatus(Struct, frozen=True):
     ssd_state: str = "off"
     #: Why the SSD tier is not ``ok`` (the node's last error), else empty.
     ssd_error: str = ""
+    #: ``alive``, ``suspect`` (silent past the node timeout: no placements, no reads, its
+    #: objects kept until its grace ends) or ``restored`` (from a restarted master's state,
+    #: not registered again yet).
+    state: str = ""
 
 
 class StoreStatus(Struct, frozen=True):
@@ -303,6 +307,13 @@ class RegisterNode(Struct, frozen=True, tag="register"):
     descriptor: bytes = b""
 
 
+class DropNode(Struct, frozen=True, tag="drop_node"):
+    """Drop a node now with its objects' copies on it (``kvctl store node rm``; admin only).
+    A node still running registers again with new memory."""
+
+    node_id: str
+
+
 class Heartbeat(Struct, frozen=True, tag="heartbeat"):
     """Liveness plus finished tasks; the master answers with new tasks, waiting up to
     ``wait_s`` for some to appear (a long poll)."""
@@ -315,7 +326,7 @@ class Heartbeat(Struct, frozen=True, tag="heartbeat"):
 
 Request = (
     Login | Put | Commit | Get | Release | Exists | Remove | ListKeys | Stat | Pin | Status | Nodes
-    | RegisterNode | Heartbeat | Reserve | PutAt
+    | RegisterNode | Heartbeat | Reserve | PutAt | DropNode
 )
 
 

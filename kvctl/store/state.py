@@ -34,6 +34,8 @@ class ReplicaRecord(msgspec.Struct, array_like=True, frozen=True):
     node_id: str
     offset: int
     size: int
+    #: the node's epoch when this copy was placed (a copy of an older epoch is gone).
+    epoch: str = ""
 
 
 class ObjectRecord(msgspec.Struct, array_like=True, frozen=True, tag="obj"):
@@ -44,6 +46,8 @@ class ObjectRecord(msgspec.Struct, array_like=True, frozen=True, tag="obj"):
     replicas: list[ReplicaRecord]
     ssd_replicas: list[str]
     pinned: bool = False
+    #: per SSD copy, the node's epoch when it was written (same order as ``ssd_replicas``).
+    ssd_epochs: list[str] = msgspec.field(default_factory=list)
 
 
 class NodeRecord(msgspec.Struct, array_like=True, frozen=True, tag="node"):
@@ -100,6 +104,15 @@ class StateBackend(abc.ABC):
 
     def sync(self) -> None:  # noqa: B027 - optional hook
         """Write what could not be written earlier (called periodically by the master)."""
+
+    def refusal(self) -> str | None:
+        """Why the master should take no new writes now (its state cannot record them), or
+        ``None`` when it can."""
+        return None
+
+    def wait_for_key(self, key: str) -> None:  # noqa: B027 - optional hook
+        """The calling thread acknowledges ``key``'s current value (a put of the same bytes):
+        its durability wait covers that key's record still being written, if any."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Flush and release files or connections. Safe to call twice."""

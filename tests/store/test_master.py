@@ -177,9 +177,20 @@ def test_removed_leased_space_is_not_reused_until_lease_ends() -> None:
     assert isinstance(put(core, "y", 8 * 1024), p.PutSlot)
 
 
+def advance(core: MasterCore, clock: Clock, seconds: float, *, beating: tuple[str, ...] = ()
+            ) -> None:
+    """Let ``seconds`` pass in half-second steps (the master observing all along), the
+    ``beating`` nodes heartbeating at each step."""
+    for _ in range(int(seconds / 0.5)):
+        clock.now += 0.5
+        for nid in beating:
+            core.heartbeat(p.Heartbeat(node_id=nid, epoch="e1"))
+        core.tick()
+
+
 def test_replicas_on_distinct_nodes_and_dead_node_failover() -> None:
     clock = Clock()
-    core = MasterCore(MasterConfig(node_timeout_s=3.0), clock=clock)
+    core = MasterCore(MasterConfig(node_timeout_s=3.0, node_grace_s=20.0), clock=clock)
     node(core, "a")
     node(core, "b")
     slot = put(core, "k", 4096, replicas=2)
@@ -188,18 +199,30 @@ def test_replicas_on_distinct_nodes_and_dead_node_failover() -> None:
     too_many = put(core, "k3", 4096, replicas=3)
     assert isinstance(too_many, p.ErrorInfo)
     assert too_many.code == "unavailable"
-    put(core, "only-a", 4096)  # lands on one node
-    clock.now += 2
-    core.heartbeat(p.Heartbeat(node_id="b", epoch="e1"))
-    clock.now += 2  # a silent for 4 s
-    core.tick()
+    put(core, "only-a", 4096, replicas=2)
+    core.remove(["only-a"])
+    slot = put(core, "only-a", 4096)
+    assert isinstance(slot, p.PutSlot)
+    assert [loc.node_id for loc in slot.locations] == ["a"]
+    advance(core, clock, 4, beating=("b",))  # a silent for 4 s: suspect, kept
     got = core.get(p.Get(keys=["k"])).slots[0]
     assert isinstance(got, p.GetSlot)
     assert [loc.node_id for loc in got.locations] == ["b"]
+    kept = core.get(p.Get(keys=["only-a"])).slots[0]
+    assert isinstance(kept, p.ErrorInfo)
+    assert kept.code == "unavailable"
+    assert core.exists(["only-a"]) == [True]
+    status = core.status()
+    assert [(n.node_id, n.state) for n in status.nodes] == [("a", "suspect"), ("b", "alive")]
+    assert status.lost == 0
+    advance(core, clock, 20, beating=("b",))  # past the grace: dropped
     status = core.status()
     assert [n.node_id for n in status.nodes] == ["b"]
-    lost = [k for k in ("only-a",) if core.exists([k]) == [False]]
-    assert status.lost == len(lost)
+    assert core.exists(["k", "only-a"]) == [True, False]
+    gone = core.get(p.Get(keys=["only-a"])).slots[0]
+    assert isinstance(gone, p.ErrorInfo)
+    assert gone.code == "evicted"
+    assert status.lost == 1
 
 
 def test_pending_put_is_invisible_then_released() -> None:

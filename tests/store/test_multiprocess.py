@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import ObjectNotFoundError
+from kvctl.store.rpc import MasterConnection
 from tests.fixtures.servers import free_port
 from tests.store.conftest import wait_for
 
@@ -76,14 +78,14 @@ def _cleanup_shm(pid: int) -> None:
 def procs() -> Iterator[list[Proc]]:
     started: list[Proc] = []
     yield started
-    for p in reversed(started):
-        p.stop()
+    for proc in reversed(started):
+        proc.stop()
 
 
 def _start(procs: list[Proc], *args: str) -> Proc:
-    p = Proc(*args)
-    procs.append(p)
-    return p
+    proc = Proc(*args)
+    procs.append(proc)
+    return proc
 
 
 def test_sigkill_node_mid_workload_fails_over(procs: list[Proc]) -> None:
@@ -101,9 +103,19 @@ def test_sigkill_node_mid_workload_fails_over(procs: list[Proc]) -> None:
         a.kill()  # mid-workload: the next reads still see "a" in the locations
         got = client.batch_get(list(values)[:20])
         assert got == [values[k] for k in list(values)[:20]]
-        # The master notices the silence and drops a's replicas; objects stay readable.
+        # The master notices the silence: a is suspect (kept, no reads routed to it);
+        # objects stay readable from b.
+        wait_for(lambda: [(n.node_id, n.alive) for n in client.status().nodes]
+                 == [("a", False), ("b", True)], timeout_s=10, what="node a suspect")
+        assert client.batch_get(list(values)[:20]) == [values[k] for k in list(values)[:20]]
+        # The operator removes it (kvctl store node rm): its copies go.
+        conn = MasterConnection(address)
+        try:
+            assert isinstance(conn.call(p.DropNode(node_id="a")), p.Ok)
+        finally:
+            conn.close()
         wait_for(lambda: [n.node_id for n in client.status().nodes] == ["b"],
-                 timeout_s=10, what="node a declared dead")
+                 timeout_s=10, what="node a dropped")
         assert client.stat("k0").replicas == ["b"]
         with StoreClient(address, replicas=1) as single:
             for key, value in list(values.items())[20:]:

@@ -125,16 +125,29 @@ def test_unused_reservation_expires_and_late_puts_are_dropped() -> None:
 
 
 def test_dead_node_leaves_the_reservation_on_the_others() -> None:
+    """A suspect node keeps its part of a reservation (puts reported there are kept with
+    its objects, read from the others); a dropped one leaves it."""
     clock = Clock()
-    core = MasterCore(MasterConfig(reservation_share=0.25, node_timeout_s=3.0), clock=clock)
+    core = MasterCore(MasterConfig(reservation_share=0.25, node_timeout_s=3.0,
+                                   node_grace_s=10.0), clock=clock)
     node(core, "a", 1 << 20)
     node(core, "b", 1 << 20)
     grant = reserve(core, 64 << 10, replicas=2)
-    clock.now += 5
-    core.heartbeat(p.Heartbeat(node_id="a", epoch="e1"))
-    core.tick()  # b is dead
+
+    def silence_b(seconds: float) -> None:
+        for _ in range(int(seconds / 0.5)):
+            clock.now += 0.5
+            core.heartbeat(p.Heartbeat(node_id="a", epoch="e1"))
+            core.tick()
+
+    silence_b(5)  # b is suspect
     put_at(core, grant, [("k", 100, 0)])
     assert [loc.node_id for loc in located(core, "k").locations] == ["a"]
+    assert sorted(core.stat("k").replicas) == ["a", "b"]  # type: ignore[union-attr]
+    silence_b(10)  # b is dropped
+    put_at(core, grant, [("k2", 100, 128)])
+    assert [loc.node_id for loc in located(core, "k2").locations] == ["a"]
+    assert core.stat("k").replicas == ["a"]  # type: ignore[union-attr]
     assert_no_overlap(core)
 
 
@@ -498,8 +511,8 @@ def test_failed_replica_write_goes_through_the_master_on_live_nodes(cluster: Clu
         assert arena is not None
         cluster.add_node("b", capacity_bytes=64 << 20)
         cluster.nodes.pop("a").close()  # the reservation's node dies
-        wait_for(lambda: [n.node_id for n in cluster.server.core.status().nodes] == ["b"],
-                 what="node a declared dead")
+        wait_for(lambda: [(n.node_id, n.alive) for n in cluster.server.core.status().nodes]
+                 == [("a", False), ("b", True)], what="node a suspect")
         client.put("k", b"v" * 3000)  # the placed write fails: retried through the master
         assert client.get("k") == b"v" * 3000
         assert client._arenas._current is not arena
