@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.hosts import MakeHosts, stop
+from tests.fixtures.hosts import MakeHosts, read_json_doc, stop
 from tests.fixtures.nshosts import Host
 
 pytestmark = pytest.mark.integration
@@ -125,8 +125,11 @@ def test_mooncake_cluster_runbook_from_another_host(nshosts: MakeHosts) -> None:
     assert segment.startswith(f"{a.address}:")
     watcher = a.popen([sys.executable, "-c", WATCH_SEGMENTS, metrics])
     try:
+        target = a.popen(["sh", "-c", _line("kvctl bench transfer ", a, b) + " --json"])
+        read_json_doc(target, timeout_s=60)
         runbook = _line("MOONCAKE_MASTER=", a, b)
-        assert runbook == (f"MOONCAKE_MASTER={a.address}:50051 kvctl runbook "
+        assert runbook == (f"MOONCAKE_MASTER={a.address}:50051 MOONCAKE_BENCH_PEER="
+                           f"{a.address}:7400 kvctl runbook "
                            "examples/runbooks/mooncake-cluster.yaml")
         done = b.sh(runbook + " --json", timeout=300)
         status = b.sh(_line("kvctl store status ", a, b) + " --json", timeout=60)
@@ -143,9 +146,14 @@ def test_mooncake_cluster_runbook_from_another_host(nshosts: MakeHosts) -> None:
     assert segment in found["mooncake store: storage"]["measured"]
     assert f"objects were on segment(s) {segment} (" in found["mooncake store: cleanup"][
         "measured"]
-    # The transfer step still runs Mooncake's engine on host B's own loopback (cross-host
-    # --engine mooncake is another change): only that its rows are there.
-    assert any(name.startswith("mooncake transfer") for name in found), found
+    # The transfer step crossed to host A's Mooncake target, over tcp, verified.
+    transfer = [r for name, r in found.items() if name.startswith("mooncake transfer: ")]
+    assert len(transfer) == 4, found
+    for row in transfer:
+        assert row["verdict"] == "pass", row
+        assert row["measured"].endswith(", verified")
+        assert a.address in row["details"]["path"], row
+        assert row["details"]["transport"] == "tcp", row
 
     # Host B mounted nothing into A's pool at any moment, and left no key behind.
     assert seen.decode().split() == [segment], seen
