@@ -138,3 +138,18 @@ def test_bench_two_hosts_through_etcd(nshosts: MakeHosts) -> None:
     run = run_example(_json_last(load_example(BENCH, "bench-two-hosts-etcd")), net,
                       env=_env(net, True))
     _bench_rows(run.last().stdout, net[0].address)
+
+
+def test_the_runbook_readme_shows_the_tested_two_host_commands() -> None:
+    """examples/runbooks/README.md repeats the guide's two-host commands: each line there is
+    a line of one of the guide's tested examples."""
+    readme = (REPO / "examples" / "runbooks" / "README.md").read_text()
+    section = readme[readme.index("## `two-hosts.yaml`"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None
+    lines = [re.sub(r"\s+#\s.*$", "", line).strip() for line in block.group(1).splitlines()]
+    tested = {s.command for name in ("two-hosts", "two-hosts-etcd")
+              for s in load_example(GUIDE, name)}
+    shown = [line for line in lines if line and not line.startswith("#")]
+    assert shown
+    assert set(shown) <= tested, set(shown) - tested
