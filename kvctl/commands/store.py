@@ -582,7 +582,8 @@ def smoke(
             report = run_mooncake(settings.master or None, metrics_url=metrics,
                                   progress=step)
         else:
-            report = run_kvctl(settings.master or None, token=common.token, progress=step)
+            report = run_kvctl(settings.master or None, token=common.token, progress=step,
+                               transport=settings.transport)
     _render_smoke(out, report, json_)
     if report.failed:
         names = ", ".join(c.name for c in report.failed)
