@@ -128,7 +128,7 @@ def show(
     opts = global_options(ctx)
     common = opts.settings(CommonSettings, metadata=metadata)
     with open_configured(common, opts.settings(MetadataSettings)) as client:
-        info = lookup_segment(client, common.cluster_id, name)
+        info = lookup_segment(client, common.cluster_id, name, token=common.token)
     out = opts.output(json_mode=json_)
     if json_:
         out.emit_json("segment.show", {"segment": info})

@@ -176,6 +176,12 @@ class MasterConnection:
                     raise error_from(reply.error)
                 if isinstance(reply, p.Ok):
                     self.namespace = reply.namespace
+            elif token:
+                # This side has a token, the master asks for none: either a misconfigured
+                # cluster or not the master we mean; never hand it our data.
+                raise StoreAuthError(
+                    f"store master at {address} asks for no token, but this side has one",
+                    "set the same KVCTL_TOKEN on the master (and nodes), or unset it here")
         except BaseException:
             self._sock.close()
             raise

@@ -35,12 +35,14 @@ def list_segments(metadata: MetadataClient, cluster_id: str = "") -> list[Segmen
     return out
 
 
-def lookup_segment(metadata: MetadataClient, cluster_id: str, name: str) -> SegmentInfo:
-    """The descriptor published for ``name``.
+def lookup_segment(metadata: MetadataClient, cluster_id: str, name: str, *,
+                   token: str | None = None) -> SegmentInfo:
+    """The descriptor published for ``name``; with ``token``, only one signed with it.
 
     Raises:
         SegmentNotFoundError: nothing is published under that name.
         UsageError: the entry is not a valid descriptor.
+        DescriptorAuthError: ``token`` is set and the entry is not signed with it.
     """
     key = segment_key(cluster_id, name)
     raw = metadata.get(key)
@@ -48,7 +50,7 @@ def lookup_segment(metadata: MetadataClient, cluster_id: str, name: str) -> Segm
         raise SegmentNotFoundError(
             f"segment {name!r} is not published in {metadata.url}",
             "check the name with 'kvctl segment list' and that its process is running")
-    return SegmentInfo.from_json(raw, source=key)
+    return SegmentInfo.from_json(raw, source=key, token=token)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -396,7 +396,8 @@ class TransferEngine:
         if self._keeper is None:
             self._keeper = LeaseKeeper(self.metadata, self._lease_ttl_s,
                                        name=f"kvctl-lease-{self.name}").start()
-        self._keeper.publish(segment_key(self.cluster_id, info.name), info.to_json())
+        key = segment_key(self.cluster_id, info.name)
+        self._keeper.publish(key, info.to_json(token=self._token, key=key))
 
     def unregister_segment(self, name: str) -> None:
         """Withdraw and release a segment registered here.
@@ -484,7 +485,7 @@ class TransferEngine:
             SegmentNotFoundError: nothing is published under that name.
             MetadataError: the metadata service could not answer.
         """
-        return lookup_segment(self.metadata, self.cluster_id, name)
+        return lookup_segment(self.metadata, self.cluster_id, name, token=self._token)
 
     def open_segment(self, name: str) -> SegmentHandle:
         """Resolve a (usually remote) segment and pick its transport; cached per name.

@@ -23,6 +23,8 @@ import bisect
 import contextlib
 import ctypes
 import dataclasses
+import hashlib
+import hmac
 import importlib
 import json
 import logging
@@ -242,6 +244,17 @@ class BufferInfo:
     file_offset: int = 0
 
 
+class DescriptorAuthError(UsageError):
+    """A descriptor in the metadata service is not signed with the token in force."""
+
+
+def descriptor_mac(token: str, key: str, body: dict[str, Any]) -> str:
+    """HMAC-SHA256 (hex) of a descriptor: its metadata key and its JSON without ``sig``."""
+    text = json.dumps({k: v for k, v in body.items() if k != "sig"}, sort_keys=True)
+    return hmac.new(token.encode(), b"kvctl-descriptor/1\0" + key.encode() + b"\0"
+                    + text.encode(), hashlib.sha256).hexdigest()
+
+
 @dataclasses.dataclass(frozen=True)
 class SegmentInfo:
     """A segment as published under ``<prefix>segments/<name>``.
@@ -277,21 +290,37 @@ class SegmentInfo:
         """End of the last buffer: the extent of the segment's address space."""
         return max((b.offset + b.length for b in self.buffers), default=0)
 
-    def to_json(self) -> bytes:
-        """Encode for the metadata service."""
-        body = dataclasses.asdict(self)
+    def to_json(self, *, token: str | None = None, key: str = "") -> bytes:
+        """Encode for the metadata service; with ``token``, signed for the entry ``key``
+        (an HMAC over the key and the rest of the document, see :func:`descriptor_mac`)."""
+        body: dict[str, Any] = dataclasses.asdict(self)
         body["version"] = DESCRIPTOR_VERSION
+        if token is not None:
+            body["sig"] = descriptor_mac(token, key, body)
         return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, raw: bytes, *, source: str) -> SegmentInfo:
-        """Decode a published descriptor.
+    def from_json(cls, raw: bytes, *, source: str, token: str | None = None) -> SegmentInfo:
+        """Decode a published descriptor; with ``token``, only one signed with it for the
+        entry ``source`` (a rewrite by anyone without the token is refused).
 
         Raises:
             UsageError: the entry is not a valid descriptor (naming ``source``).
+            DescriptorAuthError: ``token`` is set and the signature is missing or wrong.
         """
         try:
             body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise TypeError("not a JSON object")
+            sig = body.pop("sig", None)
+            if token is not None and not (isinstance(sig, str) and hmac.compare_digest(
+                    sig, descriptor_mac(token, source, body))):
+                raise DescriptorAuthError(
+                    f"segment descriptor {source} is not signed with this side's token "
+                    "(rewritten by someone without it, or published by an engine without "
+                    "a token)",
+                    "give every engine the same KVCTL_TOKEN; a rewritten entry is put back "
+                    "by its engine within a few lease renewals")
             if body.pop("version", None) != DESCRIPTOR_VERSION:
                 raise ValueError(f"descriptor version is not {DESCRIPTOR_VERSION}")
             buffers = tuple(BufferInfo(**b) for b in body.pop("buffers"))

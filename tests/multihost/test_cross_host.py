@@ -155,3 +155,26 @@ def test_a_shaped_link_fails_exactly_the_rows_that_cross_it(nshosts: MakeHosts) 
         missed = {s["label"] for s in doc["verdict"]["shortfalls"]}
         assert len(missed) == len(doc["rows"]) == 2, doc["verdict"]
         assert all(r["throughput_gbps"] < expect for r in doc["rows"])
+
+
+@pytest.mark.parametrize("who", ["master", "client"])
+def test_store_token_on_one_side_only_is_a_clear_error(nshosts: MakeHosts, who: str) -> None:
+    net = nshosts(2)
+    with_token = {"KVCTL_TOKEN": TOKEN}
+    master = net[0].popen(["kvctl", "store", "serve", "--listen", "0.0.0.0:50051",
+                           "--capacity", "16MiB", "--json"],
+                          env=with_token if who == "master" else None)
+    read_json_doc(master)
+    started = time.monotonic()
+    client_env = with_token if who == "client" else None
+    put = net[1].run(["kvctl", "store", "put", "k", "/etc/hostname", "--master",
+                      f"{net[0].address}:50051"], env=client_env, timeout=60)
+    node = net[1].run(["kvctl", "store", "node", "--master", f"{net[0].address}:50051",
+                       "--capacity", "16MiB"], env=client_env, timeout=60)
+    elapsed = time.monotonic() - started
+    stop(master)
+    for done in (put, node):
+        assert done.returncode != 0
+        assert "token" in done.stderr.lower(), done.stderr
+        assert "Hint:" in done.stderr
+    assert elapsed < 30, elapsed

@@ -9,7 +9,9 @@
 The keeper renews the lease every ``ttl_s / 3``. When the service says the lease is gone (it
 restarted and lost its state, or the process stalled past the TTL) or no renewal succeeded
 for a whole TTL, the keeper grants a new lease and publishes every entry again. ``stop()``
-revokes the lease, removing the entries at once.
+revokes the lease, removing the entries at once. Every ``RESTORE_EVERY`` renewals it also
+reads its entries back and puts any that someone else rewrote or deleted (a tokenless
+rewrite of a signed descriptor is refused by readers; this brings the real one back).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ from kvctl.transfer.metadata.base import (
 )
 
 _log = logging.getLogger(__name__)
+
+#: Renewals between read-backs of the published entries.
+RESTORE_EVERY = 3
 
 
 class LeaseKeeper:
@@ -58,6 +63,7 @@ class LeaseKeeper:
         self._lost = False
         self._last_renewal = 0.0
         self._regrants = 0
+        self._renewals = 0
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -186,6 +192,9 @@ class LeaseKeeper:
                 try:
                     self.client.keepalive(self._lease)
                     self._last_renewal = time.monotonic()
+                    self._renewals += 1
+                    if self._renewals % RESTORE_EVERY == 0:
+                        self._restore()
                     return True
                 except LeaseExpiredError:
                     _log.warning("lease %s on %s expired; granting a new one and republishing",
@@ -199,6 +208,18 @@ class LeaseKeeper:
                         return False
                     self._lost = True
             return self._regrant()
+
+    def _restore(self) -> None:
+        """Put back entries whose stored value is not ours (rewritten or deleted)."""
+        for key, value in self._entries.items():
+            try:
+                if self.client.get(key) != value:
+                    _log.warning("%s on %s was changed by someone else; restoring it", key,
+                                 self.client.url)
+                    self.client.put(key, value, lease=self._lease)
+            except MetadataError as exc:
+                _log.debug("could not read back %s: %s", key, exc.cause)
+                return
 
     def _regrant(self) -> bool:
         try:
