@@ -29,6 +29,21 @@ _memmove = ctypes.memmove
 _Job = tuple[Batch, OpCode, RemoteSegment, list[Item]]
 
 
+class _Mappings:
+    """A remote segment's buffers mapped here, and how many copies are using them."""
+
+    __slots__ = ("buffers", "retired", "users")
+
+    def __init__(self, buffers: list[LocalBuffer]) -> None:
+        self.buffers = buffers
+        self.users = 0
+        self.retired = False
+
+    def close(self) -> None:
+        for buf in self.buffers:
+            buf.close()
+
+
 class ShmTransport(Transport):
     """Copies through shared mappings of same-host segments."""
 
@@ -47,20 +62,35 @@ class ShmTransport(Transport):
                         items: list[Item]) -> None:
         self._copy((batch, op, target, items))  # the caller waits anyway: copy here
 
-    def _mapped(self, target: RemoteSegment) -> list[LocalBuffer]:
+    def _acquire(self, target: RemoteSegment) -> _Mappings:
+        """The target's mappings, counted as in use until :meth:`_release`."""
         with target.lock:
-            maps: list[LocalBuffer] | None = target.cache.get("shm")
-            if maps is None:
-                maps = [map_remote_buffer(b, segment=target.info.name)
-                        for b in target.info.buffers]
-                target.cache["shm"] = maps
-            return maps
+            held: _Mappings | None = target.cache.get("shm")
+            if held is None:
+                held = _Mappings([map_remote_buffer(b, segment=target.info.name)
+                                  for b in target.info.buffers])
+                target.cache["shm"] = held
+            held.users += 1
+            return held
+
+    def _release(self, target: RemoteSegment, held: _Mappings) -> None:
+        with target.lock:
+            held.users -= 1
+            last = held.retired and held.users == 0
+        if last:
+            held.close()
 
     def forget(self, target: RemoteSegment) -> None:
+        """Drop the target's mappings: now, or when the last copy through them ends (a
+        refresh or close on another thread never unmaps memory under a running copy)."""
         with target.lock:
-            maps = target.cache.pop("shm", None)
-        for buf in maps or ():
-            buf.close()
+            held: _Mappings | None = target.cache.pop("shm", None)
+            if held is None:
+                return
+            held.retired = True
+            idle = held.users == 0
+        if idle:
+            held.close()
 
     def _run(self) -> None:
         while True:
@@ -72,14 +102,20 @@ class ShmTransport(Transport):
     def _copy(self, job: _Job) -> None:
         batch, op, target, items = job
         done = 0
+        held: _Mappings | None = None
         try:
-            maps = self._mapped(target)
+            held = self._acquire(target)
+            maps = held.buffers
             path = "shm:mmap" if maps[0].view is not None else "shm:pio"
             for lbuf, lrel, rbuf, trel, length, count in merge_runs(items, maps):
                 copy_run(op, lbuf, lrel, rbuf, trel, length)
                 done += count
+            self._release(target, held)
+            held = None
             batch.settle([it[0] for it in items], path=path)
         except (KvctlError, OSError, ValueError, BufferError) as exc:
+            if held is not None:
+                self._release(target, held)
             cause = getattr(exc, "cause", None) or str(exc)
             _log.warning("shm copy to %s failed: %s", target.info.name, cause)
             if done:
