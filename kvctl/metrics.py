@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvctl.errors import UnavailableError, UsageError
-from kvctl.net.bind import announce_bind
+from kvctl.net.bind import LOOPBACK, announce_bind, is_loopback
 
 _log = logging.getLogger("kvctl.metrics")
 
@@ -128,6 +128,17 @@ class ServerMetrics:
     def render(self) -> str:
         """The text exposition format, as a scrape would return it."""
         return bytes(self._prom.generate_latest(self.registry)).decode()
+
+    def serve_for(self, listen_host: str, port: int, *, token: str | None) -> tuple[str, int]:
+        """Serve ``/metrics`` beside a listener on ``listen_host``: there when no token is
+        configured, else on loopback only (the endpoint asks no one for the token, and its
+        samples name keys, nodes and tenants). Returns ``(host, port)``."""
+        host = listen_host
+        if token is not None and not is_loopback(listen_host):
+            host = LOOPBACK
+            _log.warning("metrics on %s only: with a token the unauthenticated /metrics "
+                         "endpoint stays on loopback (scrape it from this host)", host)
+        return host, self.serve(host, port)
 
     def serve(self, host: str, port: int) -> int:
         """Expose ``/metrics`` on ``host:port`` (0: any free port); returns the port.

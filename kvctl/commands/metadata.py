@@ -70,8 +70,9 @@ def serve(
         try:
             if metrics is not None and settings.metrics_port is not None:
                 metrics.gauge("entries", "Live entries held by the server.", server.entry_count)
-                bound = metrics.serve(host, settings.metrics_port)
-                out.info(f"metrics on http://{host}:{bound}/metrics")
+                where, bound = metrics.serve_for(host, settings.metrics_port,
+                                                 token=common.token)
+                out.info(f"metrics on http://{where}:{bound}/metrics")
             _serve_until(server, stop, out, settings, common, json_mode=json_)
         finally:
             if metrics is not None:

@@ -62,8 +62,20 @@ StateOpt = Annotated[str | None, typer.Option(
     help="Master state: none, a directory, or etcd://HOST:PORT (default: none).")]
 TenantOpt = Annotated[list[str] | None, typer.Option(
     "--tenant", show_default=False,
-    help="NAME=TOKEN (repeatable): a client with TOKEN only reaches keys under NAME/ "
-    "(needs KVCTL_TOKEN, which stays the admins' and nodes').")]
+    help="NAME=@FILE (repeatable; the file holds the token) or NAME=TOKEN: a client with "
+    "TOKEN only reaches keys under NAME/ (needs KVCTL_TOKEN, which stays the admins' and "
+    "nodes').")]
+
+
+def _warn_inline_tokens(out: Output, tenants: list[str] | None) -> None:
+    """A token in argv is readable by every local user (/proc/PID/cmdline): say so."""
+    from kvctl.store.tenants import inline_tenant_tokens
+
+    names = inline_tenant_tokens(tenants or [])
+    if names:
+        out.warn(f"tenant token(s) of {', '.join(names)} given on the command line, where "
+                 "every local user can read them (/proc/PID/cmdline); use --tenant NAME=@FILE "
+                 "or KVCTL_STORE_TENANTS")
 MetricsPortOpt = Annotated[int | None, typer.Option(
     "--metrics-port", show_default=False,
     help="Serve Prometheus metrics on this port of the listen host (0 = any free).")]
@@ -115,6 +127,7 @@ def serve(
                              tenants=tenant or None)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
+    _warn_inline_tokens(out, tenant)
     with stop_on_signal() as stop, EmbeddedStore(settings, token=common.token,
                                                  write_discovery=True) as store:
         payload = {"master": store.address, "node_id": store.node.node_id,
@@ -150,8 +163,8 @@ def master(
 ) -> None:
     """Run a store master alone (nodes join with 'kvctl store node --master HOST:PORT').
 
-    Tenants: --tenant NAME=TOKEN (repeatable) confines a client with TOKEN to keys under
-    NAME/ (KVCTL_TOKEN stays the admins' and nodes').
+    Tenants: --tenant NAME=@FILE (repeatable; FILE holds the token) confines a client with
+    that token to keys under NAME/ (KVCTL_TOKEN stays the admins' and nodes').
 
     Example: kvctl store master --listen 127.0.0.1:50051 --state /var/lib/kvctl/master
     """
@@ -160,6 +173,7 @@ def master(
                              metrics_port=metrics_port, tenants=tenant or None)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
+    _warn_inline_tokens(out, tenant)
     with stop_on_signal() as stop, start_master(settings, token=common.token,
                                                 cluster_id=common.cluster_id) as server:
         if json_:

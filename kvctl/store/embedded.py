@@ -111,7 +111,8 @@ def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str 
         raise
     if metrics is not None and settings.metrics_port is not None:
         try:
-            server.metrics_port = metrics.serve(host, settings.metrics_port)
+            server.metrics_port = metrics.serve_for(host, settings.metrics_port,
+                                                    token=token)[1]
         except BaseException:
             server.close()
             raise

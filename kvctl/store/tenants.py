@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from kvctl.errors import ConfigError
 from kvctl.net import auth
@@ -37,8 +38,26 @@ class Tenant:
         return f"{self.name}/"
 
 
+def _token_file(path: str, name: str, source: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{source}: cannot read the token file of tenant {name!r} ({path}): "
+                          f"{getattr(exc, 'strerror', None) or exc}",
+                          "write NAME=@FILE with a readable file holding the token") from None
+    lines = text.splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def inline_tenant_tokens(specs: Iterable[str]) -> list[str]:
+    """Names of tenants whose token is written inline (``NAME=TOKEN``, not ``NAME=@FILE``)."""
+    return [s.partition("=")[0].strip() for s in specs
+            if "=" in s and not s.partition("=")[2].startswith("@")]
+
+
 def parse_tenants(specs: Iterable[str], *, source: str = "--tenant") -> tuple[Tenant, ...]:
-    """Tenants from ``NAME=TOKEN`` strings.
+    """Tenants from ``NAME=TOKEN`` or ``NAME=@FILE`` strings (the token is the file's first
+    line: a token on the command line is readable by every local user in /proc).
 
     Raises:
         ConfigError: a spec without ``=``, a bad name (letters, digits, ``._-``; up to 64),
@@ -51,6 +70,8 @@ def parse_tenants(specs: Iterable[str], *, source: str = "--tenant") -> tuple[Te
     for spec in specs:
         name, sep, token = spec.partition("=")
         name = name.strip()
+        if token.startswith("@"):
+            token = _token_file(token[1:], name, source)
         if not sep or not token:
             raise ConfigError(f"{source}: tenant {name or spec[:0]!r} has no token",
                               "write NAME=TOKEN, e.g. --tenant team-a=$(cat team-a.token)")
