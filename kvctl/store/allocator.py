@@ -1,18 +1,18 @@
 """Space allocation inside one node segment: best-fit over free extents with coalescing.
 
-Two sorted views of the free extents are kept (``sortedcontainers.SortedList``, O(log n)
-insert and remove): by offset (to merge neighbours on free) and by length then offset (to
-find the smallest extent that fits). Every allocation is rounded up to
-:attr:`ExtentAllocator.alignment_bytes`. A restore builds the allocator from every live
-range at once (:meth:`ExtentAllocator.from_ranges`: one sort, whatever order the ranges
-come in) instead of carving them out one by one.
+Two sorted views of the free extents are kept (:class:`~kvctl.store.sortedchunks.
+SortedChunks`: O(log n) search, invisible to the garbage collector): by offset (to merge
+neighbours on free) and by length then offset (to find the smallest extent that fits).
+Every allocation is rounded up to :attr:`ExtentAllocator.alignment_bytes`. A restore
+builds the allocator from every live range at once (:meth:`ExtentAllocator.from_ranges`:
+one sort, whatever order the ranges come in) instead of carving them out one by one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sortedcontainers import SortedList
+from kvctl.store.sortedchunks import SortedChunks
 
 DEFAULT_ALIGNMENT_BYTES = 64
 #: by-size keys pack ``length << _SHIFT | offset`` into one int (offsets below 2**64).
@@ -39,9 +39,9 @@ class ExtentAllocator:
         self.alignment_bytes = alignment_bytes
         self.capacity_bytes = capacity_bytes - capacity_bytes % alignment_bytes
         self.used_bytes = 0
-        self._offsets: SortedList = SortedList()
+        self._offsets: SortedChunks[int] = SortedChunks()
         self._lengths: dict[int, int] = {}
-        self._by_size: SortedList = SortedList()
+        self._by_size: SortedChunks[int] = SortedChunks()
         if self.capacity_bytes:
             self._insert(0, self.capacity_bytes)
 
@@ -97,7 +97,8 @@ class ExtentAllocator:
     @property
     def largest_free_bytes(self) -> int:
         """The largest single allocation that would succeed now, in bytes."""
-        return int(self._by_size[-1] >> _SHIFT) if self._by_size else 0
+        last = self._by_size.last()
+        return 0 if last is None else last >> _SHIFT
 
     @property
     def free_extents(self) -> int:
@@ -112,16 +113,15 @@ class ExtentAllocator:
         """Offset of a fresh range of ``rounded(size_bytes)`` bytes, or ``None`` when no free
         extent is large enough (the caller evicts and retries)."""
         need = self.rounded(size_bytes)
-        i = self._by_size.bisect_left(need << _SHIFT)
-        if i == len(self._by_size):
+        packed = self._by_size.ge(need << _SHIFT)
+        if packed is None:
             return None
-        packed = self._by_size[i]
         length, offset = packed >> _SHIFT, packed & _MASK
         self._remove(offset, length)
         if length > need:
             self._insert(offset + need, length - need)
         self.used_bytes += need
-        return int(offset)
+        return offset
 
     def free(self, offset: int, size_bytes: int) -> None:
         """Return ``rounded(size_bytes)`` bytes at ``offset``; merges with free neighbours.
@@ -133,10 +133,8 @@ class ExtentAllocator:
         end = offset + length
         if offset < 0 or end > self.capacity_bytes or offset % self.alignment_bytes:
             raise AllocatorInvariantError(f"free of [{offset}, {end}) is outside the segment")
-        offsets = self._offsets
-        i = offsets.bisect_left(offset)
-        prev_off: int | None = offsets[i - 1] if i > 0 else None
-        next_off: int | None = offsets[i] if i < len(offsets) else None
+        prev_off = self._offsets.lt(offset)
+        next_off = self._offsets.ge(offset)
         if prev_off is not None and prev_off + self._lengths[prev_off] > offset:
             raise AllocatorInvariantError(f"free of [{offset}, {end}) overlaps a free extent")
         if next_off is not None and next_off < end:
@@ -158,10 +156,9 @@ class ExtentAllocator:
             AllocatorInvariantError: the range is not entirely free.
         """
         length = self.rounded(size_bytes)
-        i = self._offsets.bisect_right(offset) - 1
-        if i < 0:
+        ext_off = self._offsets.le(offset)
+        if ext_off is None:
             raise AllocatorInvariantError(f"reserve of [{offset}, +{length}) is not free")
-        ext_off = self._offsets[i]
         ext_len = self._lengths[ext_off]
         if offset + length > ext_off + ext_len or offset % self.alignment_bytes:
             raise AllocatorInvariantError(f"reserve of [{offset}, +{length}) is not free")

@@ -13,7 +13,8 @@ Connection: the server speaks first with :class:`Hello` (version, whether a toke
 required, a nonce, the frame limit). The client answers :class:`Login` (the HMAC of the
 nonce, see :mod:`kvctl.net.auth`) and gets :class:`Ok` or :class:`Fail` (then the server
 closes). After that each request gets exactly one reply, in order, except requests sent
-of kinds that never get one (:class:`Commit`, :class:`Release`, :class:`PutAt`).
+of kinds that never get one (:class:`Commit`, :class:`Release`, :class:`PutAt`; the first
+and last get one when they set ``ack``: once their objects are durable).
 
 Attached bytes: a master serving a storage node in its own process (``kvctl store serve``)
 says so in :attr:`Hello.attached_bytes`. A :class:`Get` with ``attached_bytes`` set may then
@@ -235,6 +236,9 @@ class PutAt(Struct, frozen=True, tag="put_at"):
     offsets: list[int] = msgspec.field(default_factory=list)
     end: bool = False
     count: int = 0
+    #: ask for a reply (:class:`Ok`, or :class:`Fail` naming why) once the master has
+    #: recorded these objects durably (its journal or etcd took them).
+    ack: bool = False
 
 
 class Commit(Struct, frozen=True, tag="commit"):
@@ -243,6 +247,9 @@ class Commit(Struct, frozen=True, tag="commit"):
     keys: list[str]
     versions: list[int]
     ok: bool = True
+    #: ask for a reply (:class:`Ok`, or :class:`Fail` naming why) once the master has
+    #: recorded the commit durably (its journal or etcd took it).
+    ack: bool = False
 
 
 class Get(Struct, frozen=True, tag="get"):

@@ -259,13 +259,14 @@ class MasterServer:
             self._pending.trusted(conn)
             started = time.perf_counter()
             try:
-                reply = self._scoped(msg, namespace)
+                reply = self._durable(msg, self._scoped(msg, namespace))
             except Exception:  # noqa: BLE001 - a bug in one request must not stop the master
                 _log.exception("master failed on %s", type(msg).__name__)
                 reply = p.Fail(error=p.ErrorInfo(code="internal", cause=f"master failed on "
                                                  f"{type(msg).__name__}",
                                                  hint="see the master's log"))
-                if isinstance(msg, p.Commit | p.Release | p.PutAt):
+                if isinstance(msg, p.Release) or (
+                        isinstance(msg, p.Commit | p.PutAt) and not msg.ack):
                     reply = None  # these never get a reply: one now would shift every later one
             if self.metrics is not None:
                 outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
@@ -278,6 +279,24 @@ class MasterServer:
                 self._send_attached(conn, codec, reply, msg.attached_bytes)
             elif reply is not None:
                 codec.send(conn, reply)
+
+    def _durable(self, msg: p.Request, reply: p.Reply | None) -> p.Reply | None:
+        """``reply`` once the changes ``msg`` made are durable (waiting without the core's
+        lock), or a failure saying why they are not. Commits and reports that asked for it
+        (``ack``) get :class:`~kvctl.store.protocol.Ok` then."""
+        if not isinstance(msg, _WRITES):
+            return reply
+        problem = self.core.state.ack()
+        wants_ack = isinstance(msg, p.Commit | p.PutAt) and msg.ack
+        if problem is None:
+            return p.Ok() if wants_ack else reply
+        if wants_ack or reply is not None:
+            return p.Fail(error=p.ErrorInfo(
+                code="unavailable", cause=problem,
+                hint="the master keeps the change and writes it when its state can take "
+                "it; put again to be sure (a put of the same bytes waits for that write)"))
+        _log.warning("%s not acknowledged durably: %s", type(msg).__name__, problem)
+        return None
 
     def _send_attached(self, conn: socket.socket, codec: p.Codec, reply: p.GetReply,
                      wanted: int) -> None:
@@ -314,8 +333,9 @@ class MasterServer:
         """Dispatch ``msg`` if every key it names is inside ``namespace``."""
         if not namespace:
             return self._dispatch(msg)
-        if isinstance(msg, p.RegisterNode | p.Heartbeat):
-            return _forbidden(f"tenant {namespace[:-1]!r} cannot act as a storage node")
+        if isinstance(msg, p.RegisterNode | p.Heartbeat | p.DropNode):
+            return _forbidden(f"tenant {namespace[:-1]!r} cannot act as a storage node "
+                              "or remove one")
         if isinstance(msg, p.Commit | p.Release | p.PutAt):
             inside = [i for i, k in enumerate(msg.keys) if k.startswith(namespace)]
             if len(inside) != len(msg.keys):
@@ -393,6 +413,9 @@ class MasterServer:
         if isinstance(msg, p.Heartbeat):
             tasks = core.heartbeat(msg)
             return p.Fail(error=tasks) if isinstance(tasks, p.ErrorInfo) else p.Tasks(tasks=tasks)
+        if isinstance(msg, p.DropNode):
+            err = core.drop_node(msg.node_id)
+            return p.Ok() if err is None else p.Fail(error=err)
         return p.Fail(error=p.ErrorInfo(code="bad_request",
                                         cause=f"unexpected {type(msg).__name__} request"))
 
@@ -401,6 +424,7 @@ class MasterServer:
         if self._stop.is_set():
             return
         self._stop.set()
+        self.core.wake()  # the housekeeping thread waits for work: let it see the stop
         self._pending.close()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -421,6 +445,11 @@ class MasterServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Requests whose reply (or, for commits and reports, the next request on the connection)
+#: waits until their changes are durable.
+_WRITES = (p.Put, p.Commit, p.PutAt, p.Remove, p.Pin, p.RegisterNode, p.DropNode)
 
 
 def _op_name(msg: p.Request) -> str:

@@ -34,6 +34,9 @@ class Job(abc.ABC):
     def step(self, budget: int) -> bool:
         """Handle up to ``budget`` objects; ``True`` when the job is finished."""
 
+    def after(self, finished: bool) -> None:  # noqa: B027 - optional hook
+        """Run after each :meth:`step` once the lock is released (I/O belongs here)."""
+
 
 class MasterBase:
     """Shared tables (see the mixins for the rules that change them)."""
@@ -46,10 +49,9 @@ class MasterBase:
     _lock: threading.RLock
     _cond: threading.Condition
     _index: ObjectIndex
-    #: puts allocated but not committed yet, by key
+    #: puts allocated but not committed yet, by key, in the order they expire (inserted
+    #: once each, with the same TTL)
     _pending: dict[str, Obj]
-    #: (deadline, key, version) of pending puts in the order they expire
-    _pending_order: deque[tuple[float, str, int]]
     _nodes: dict[str, Node]
     _evicted: EvictedMemory
     #: heap of (free at, seq, node, offset, size): space of removed objects still leased
@@ -78,9 +80,10 @@ class MasterBase:
 
     @staticmethod
     def _lru_add(node: Node, obj: Obj) -> None:
-        """``obj`` has a DRAM replica on ``node``: most recently used there."""
+        """``obj`` has a DRAM replica on ``node``: most recently used there (the LRU maps
+        are plain dicts in insertion order: re-inserting a key makes it the most recent)."""
+        node.lru.pop(obj.key, None)
         node.lru[obj.key] = obj
-        node.lru.move_to_end(obj.key)
 
     @staticmethod
     def _lru_remove(node: Node, obj: Obj) -> None:
@@ -89,11 +92,10 @@ class MasterBase:
 
     @staticmethod
     def _ssd_lru_add(node: Node, obj: Obj) -> None:
-        old = node.ssd_lru.get(obj.key)
+        old = node.ssd_lru.pop(obj.key, None)
         if old is not None:
             node.ssd_used_bytes -= old.size
         node.ssd_lru[obj.key] = obj
-        node.ssd_lru.move_to_end(obj.key)
         node.ssd_used_bytes += obj.size
 
     @staticmethod

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+from kvctl.store.master.base import Job
 from kvctl.store.master.config import MasterConfig
 from kvctl.store.master.eviction import EvictionMixin
 from kvctl.store.master.index import EvictedMemory, ObjectIndex
@@ -34,7 +35,7 @@ from kvctl.store.master.queries import QueriesMixin
 from kvctl.store.master.reservations import ReservationsMixin
 from kvctl.store.master.restore import restore
 from kvctl.store.master.ssdtasks import SsdTasksMixin
-from kvctl.store.state import NoState, StateBackend
+from kvctl.store.state import NoState, Snapshot, StateBackend
 
 
 class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin,
@@ -57,7 +58,6 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
         self._cond = threading.Condition(self._lock)
         self._index = ObjectIndex()
         self._pending = {}
-        self._pending_order = deque()
         self._nodes = {}
         self._evicted = EvictedMemory()
         self._deferred = []
@@ -69,8 +69,10 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
         self._reports = {}
         self._task_ids = itertools.count(1)
         self._jobs = deque()
+        self._jobs_runner = threading.Lock()
         self._work = threading.Event()
         self._evicting = set()
+        self._snapshot: SnapshotJob | None = None
         self.evictions = 0
         self.ssd_evictions = 0
         self.lost = 0
@@ -95,16 +97,29 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
         """Periodic housekeeping: node liveness, expired pending puts and reservations,
         deferred frees, then background jobs a slice at a time (for at most ``budget_s``
         seconds; all of them when ``None``). ``True`` when jobs remain."""
+        self.state.sync()  # the journal writes what it buffered (not under the lock)
         with self._cond:
-            self.state.sync()
             self._judge_nodes()
             now = self._clock()
             self._expire_pending(now)
             self._expire_reservations(now)
             self._free_deferred(now)
+            if self._snapshot is None and self.state.snapshot_wanted(len(self._index)):
+                snap = self.state.start_snapshot([n.record() for n in self._nodes.values()])
+                if snap is not None:
+                    self._snapshot = SnapshotJob(self, snap)
+                    self._schedule(self._snapshot)
         return self._run_jobs(budget_s)
 
     def _run_jobs(self, budget_s: float | None) -> bool:
+        if not self._jobs_runner.acquire(blocking=False):
+            return True  # another thread runs them (one at a time: a job's I/O is ordered)
+        try:
+            return self._run_jobs_now(budget_s)
+        finally:
+            self._jobs_runner.release()
+
+    def _run_jobs_now(self, budget_s: float | None) -> bool:
         deadline = None if budget_s is None else time.monotonic() + budget_s
         while True:
             with self._cond:
@@ -112,9 +127,11 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
                     self._work.clear()
                     return False
                 job = self._jobs.popleft()
-                if not job.step(self.config.slice_objects):
+                done = job.step(self.config.slice_objects)
+                if not done:
                     self._jobs.append(job)
                 more = bool(self._jobs)
+            job.after(done)
             if not more:
                 continue
             if deadline is not None and time.monotonic() >= deadline:
@@ -122,8 +139,13 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
             time.sleep(0)  # let threads waiting for the lock take it between slices
 
     def wait_for_work(self, timeout_s: float) -> None:
-        """Block until background work is scheduled or ``timeout_s`` passes."""
+        """Block until background work is scheduled, :meth:`wake` is called or
+        ``timeout_s`` passes."""
         self._work.wait(timeout_s)
+
+    def wake(self) -> None:
+        """End a :meth:`wait_for_work` now (e.g. the server is stopping)."""
+        self._work.set()
 
     # ------------------------------------------------------------------ test hooks
 
@@ -153,7 +175,54 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
                     for n in self._nodes.values()}
 
     def close(self) -> None:
-        """Close the state backend. Safe to call twice."""
+        """Close the state backend (a snapshot being written is abandoned). Safe to call
+        twice."""
         self._work.set()
         with self._lock:
-            self.state.close()
+            snapshot, self._snapshot = self._snapshot, None
+            if snapshot is not None and snapshot in self._jobs:
+                self._jobs.remove(snapshot)
+        if snapshot is not None:
+            snapshot.abort()
+        self.state.close()
+
+
+class SnapshotJob(Job):
+    """Write a snapshot of the live state a slice of keys at a time (the state backend
+    writes the files after each slice, without the lock)."""
+
+    def __init__(self, core: MasterCore, snapshot: Snapshot) -> None:
+        self._core = core
+        self._snap = snapshot
+        self._after: str | None = None
+        self._ended = False
+
+    def step(self, budget: int) -> bool:
+        index = self._core._index
+        keys = index.keys_after(self._after, budget)
+        if not keys:
+            return True
+        records = []
+        for key in keys:
+            obj = index.get(key)
+            if obj is not None:
+                records.append(obj.record())
+        self._snap.add(records)
+        self._after = keys[-1]
+        return False
+
+    def after(self, finished: bool) -> None:
+        if self._ended:
+            return
+        self._snap.write()
+        if finished:
+            self._ended = True
+            self._snap.finish()
+            with self._core._lock:
+                if self._core._snapshot is self:
+                    self._core._snapshot = None
+
+    def abort(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._snap.abort()

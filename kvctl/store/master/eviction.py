@@ -82,8 +82,9 @@ class EvictionMixin(MasterBase):
             freed += rounded(obj.size)
             if freed >= need_bytes or len(chosen) >= limit:
                 break
+        lru = node.lru
         for key in kept:
-            node.lru.move_to_end(key)
+            lru[key] = lru.pop(key)
         return chosen
 
     def _allocate(self, node: Node, size: int, now: float) -> int | None:

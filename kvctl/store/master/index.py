@@ -2,9 +2,10 @@
 
 Everything a status or a prefix listing needs is kept up to date as objects change, so
 neither ever walks the whole store: :attr:`ObjectIndex.tiers` is three counters, and
-:meth:`ObjectIndex.prefix` is a bisection into a sorted list of keys
-(``sortedcontainers.SortedList``, O(log n) insert and remove) followed by at most
-``limit + 1`` steps.
+:meth:`ObjectIndex.prefix` is a bisection into the sorted keys
+(:class:`~kvctl.store.sortedchunks.SortedChunks`: O(log n) search, invisible to the garbage
+collector) followed by at most ``limit + 1`` steps. The dict of objects holds only strings
+and ``gc=False`` records, so the collector does not track it either.
 
 Every change to an indexed object's replicas or SSD copies goes through
 :meth:`ObjectIndex.set_copies` so the tier counters stay exact (tests check them against a
@@ -16,10 +17,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 
-from sortedcontainers import SortedList
-
 from kvctl.store.master.config import EVICTED_MEMORY
 from kvctl.store.master.records import Node, Obj, Replica
+from kvctl.store.sortedchunks import SortedChunks
 
 TIERS = ("dram", "ssd", "dram+ssd")
 
@@ -34,7 +34,7 @@ class ObjectIndex:
 
     def __init__(self) -> None:
         self._by_key: dict[str, Obj] = {}
-        self._keys: SortedList = SortedList()
+        self._keys: SortedChunks[str] = SortedChunks()
         self._tiers = [0, 0, 0, 0]
 
     def __len__(self) -> int:
@@ -102,7 +102,7 @@ class ObjectIndex:
         """Objects whose key starts with ``prefix`` in key order, at most ``limit``, and
         whether more matched."""
         out: list[Obj] = []
-        for key in self._keys.irange(minimum=prefix):
+        for key in self._keys.iter_from(prefix):
             if not key.startswith(prefix):
                 break
             if len(out) == limit:
@@ -113,10 +113,7 @@ class ObjectIndex:
     def keys_after(self, after: str | None, count: int) -> list[str]:
         """Up to ``count`` keys in order, strictly after ``after`` (from the first when
         ``None``): a walk in slices that stays valid while keys come and go between them."""
-        if after is None:
-            it = self._keys.irange()
-        else:
-            it = self._keys.irange(minimum=after, inclusive=(False, True))
+        it = iter(self._keys) if after is None else self._keys.iter_from(after, inclusive=False)
         out: list[str] = []
         for key in it:
             out.append(key)

@@ -78,11 +78,11 @@ class DropJob(Job):
         core, node = self._core, self._node
         done = 0
         while done < budget and node.lru:
-            _, obj = node.lru.popitem(last=False)
+            _, obj = node.lru.popitem()
             self.lost += core._drop_copies(obj, node, self._why)
             done += 1
         while done < budget and node.ssd_lru:
-            _, obj = node.ssd_lru.popitem(last=False)
+            _, obj = node.ssd_lru.popitem()
             node.ssd_used_bytes -= obj.size
             self.lost += core._drop_copies(obj, node, self._why)
             done += 1

@@ -49,14 +49,14 @@ class PlacementMixin(MasterBase):
         if item.key in self._pending:
             return err("busy", f"another put of {item.key!r} is in flight",
                        "retry after it commits")
-        cur = self._index.get(item.key)
-        if cur is not None and cur.size == item.size and cur.checksum == item.checksum and (
-                cur.replicas):
-            self.state.wait_for_key(item.key)
-            return p.PutSlot(key=item.key, version=cur.version, locations=[], skip=True)
         if refused is not None:
             return err("unavailable", refused, "the master takes puts again once its state "
                        "can be written; see its log")
+        cur = self._index.get(item.key)
+        if cur is not None and cur.size == item.size and cur.checksum == item.checksum and (
+                cur.replicas):
+            self.state.wait_for_key(item.key)  # its record may still be on its way
+            return p.PutSlot(key=item.key, version=cur.version, locations=[], skip=True)
         if replicas < 1:
             return err("bad_request", f"{replicas} replicas asked for {item.key!r}",
                        "ask for 1 or more replicas")
@@ -81,7 +81,6 @@ class PlacementMixin(MasterBase):
                   tuple(Replica(n, off) for n, off in placed), created=now,
                   pending_until=now + self.config.pending_ttl_s)
         self._pending[item.key] = obj
-        self._pending_order.append((obj.pending_until, item.key, obj.version))
         touched.update(n for n, _ in placed)
         return p.PutSlot(key=item.key, version=obj.version, locations=[
             p.Location(n.node_id, n.segment, off, item.size) for n, off in placed])
@@ -105,14 +104,14 @@ class PlacementMixin(MasterBase):
 
     def _expire_pending(self, now: float) -> None:
         """Release puts never committed within ``pending_ttl_s``."""
-        order = self._pending_order
-        while order and order[0][0] <= now:
-            _, key, version = order.popleft()
-            obj = self._pending.get(key)
-            if obj is not None and obj.version == version:
-                _log.warning("put of %r was never committed; releasing its space", key)
-                del self._pending[key]
-                self._release(obj, now)
+        pending = self._pending
+        while pending:
+            key, obj = next(iter(pending.items()))
+            if obj.pending_until > now:
+                return
+            _log.warning("put of %r was never committed; releasing its space", key)
+            del pending[key]
+            self._release(obj, now)
 
     def commit(self, msg: p.Commit) -> None:
         """Make written puts visible (or release abandoned ones)."""

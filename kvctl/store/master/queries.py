@@ -55,8 +55,9 @@ class QueriesMixin(MasterBase):
             obj.readers += 1
         for rep in obj.replicas:
             lru = rep.node.lru
-            if lru.get(key) is obj:
-                lru.move_to_end(key)
+            if lru.get(key) is obj:  # most recent: re-inserted at the end
+                del lru[key]
+                lru[key] = obj
         return p.GetSlot(key=key, size=obj.size, checksum=obj.checksum, version=obj.version,
                          locations=locations)
 

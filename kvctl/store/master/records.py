@@ -11,7 +11,7 @@ needed, and replicas and SSD copies are tuples (``()`` for none) rather than set
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from typing import Final
 
 import msgspec
@@ -54,10 +54,12 @@ class Node:
         self.last_seen = last_seen
         self.descriptor = descriptor
         self.state = state
-        #: committed objects with a DRAM replica here, least recently used first.
-        self.lru: OrderedDict[str, Obj] = OrderedDict()
+        #: committed objects with a DRAM replica here, least recently used first (a plain
+        #: dict in insertion order: it holds only strings and gc=False records, so the
+        #: garbage collector does not walk it, as it would an OrderedDict).
+        self.lru: dict[str, Obj] = {}
         #: objects with an SSD copy here, least recently used first.
-        self.ssd_lru: OrderedDict[str, Obj] = OrderedDict()
+        self.ssd_lru: dict[str, Obj] = {}
         self.ssd_used_bytes = 0
         self.tasks: deque[p.Task] = deque()
         self.inflight: dict[int, p.Task] = {}

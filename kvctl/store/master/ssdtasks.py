@@ -97,8 +97,8 @@ class SsdTasksMixin(MasterBase):
         if report.ok:
             self._set_replicas(obj, (*obj.replicas, Replica(node, task.offset)))
             self._lru_add(node, obj)
-            if obj.key in node.ssd_lru:
-                node.ssd_lru.move_to_end(obj.key)
+            if node.ssd_lru.get(obj.key) is obj:
+                node.ssd_lru[obj.key] = node.ssd_lru.pop(obj.key)
             self._persist(obj)
             return
         node.alloc.free(task.offset, task.size)
