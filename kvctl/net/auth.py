@@ -2,7 +2,9 @@
 
 Connection-oriented listeners (transfer targets, store master and nodes) run a
 challenge-response: the server sends a random nonce, the client answers
-``HMAC-SHA256(token, context || nonce)``, the server compares in constant time. Request-
+``HMAC-SHA256(token, context || nonce)``, the server compares in constant time. The store
+master proves itself back (:func:`server_proof` over both nonces), so a client never hands
+its data to a server that does not know the token. Request-
 oriented listeners (the HTTP metadata server) sign each request with :func:`sign_request`
 over a timestamp, a nonce and the request itself, checked by :func:`verify_request` with a
 replay window. Tokens appear in no message, log line or exception text.
@@ -29,6 +31,15 @@ def new_nonce() -> bytes:
 def respond(token: str, nonce: bytes, context: bytes) -> bytes:
     """The answer to ``nonce`` for a listener of kind ``context`` (e.g. ``b"kvctl-tcp/1"``)."""
     return hmac.new(token.encode(), context + b"\0" + nonce, hashlib.sha256).digest()
+
+
+def server_proof(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes
+                 ) -> bytes:
+    """The server's half of mutual authentication: it knows ``token`` too. Bound to both
+    nonces of this handshake, and in another domain than :func:`respond`, so neither a
+    client's answer nor an old proof can stand in for it."""
+    return hmac.new(token.encode(), context + b"\0server\0" + server_nonce + client_nonce,
+                    hashlib.sha256).digest()
 
 
 def check_response(token: str, nonce: bytes, context: bytes, answer: bytes) -> bool:

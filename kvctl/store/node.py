@@ -35,6 +35,7 @@ from kvctl.store.master import SSD_POLICIES
 from kvctl.store.rpc import MasterConnection
 from kvctl.store.shmmap import SharedMapping
 from kvctl.store.ssd import SsdCorruptError, SsdMissingError, SsdStaleError, SsdTier
+from kvctl.transfer.admin import segment_key
 from kvctl.transfer.engine import TransferEngine
 from kvctl.transfer.errors import BusyError
 from kvctl.transfer.segments import SegmentInfo
@@ -138,6 +139,12 @@ class StorageNode:
                                         daemon=True)
         self._thread.start()
 
+    def _descriptor(self) -> bytes:
+        """The segment's descriptor as the engine published it (signed with the token, if
+        any), for the master to hand to clients."""
+        raw = self.engine.metadata.get(segment_key(self.engine.cluster_id, self.segment))
+        return raw if raw is not None else self._info.to_json()
+
     def _new_segment(self) -> tuple[SegmentInfo, SharedMapping]:
         """Register ``self.segment`` and map it. Our own mapping is pre-faulted in the
         background: SSD tasks read and write through it, and no put or get pays a
@@ -199,7 +206,7 @@ class StorageNode:
                 endpoint=self.endpoint, host_id=self._info.host,
                 capacity_bytes=self.capacity_bytes,
                 ssd_capacity_bytes=self.ssd_capacity_bytes, ssd_policy=self.ssd_policy,
-                descriptor=self._info.to_json()))
+                descriptor=self._descriptor()))
         except BaseException:
             conn.close()
             raise

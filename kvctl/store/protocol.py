@@ -206,6 +206,8 @@ class TaskReport(Struct, frozen=True):
 class Login(Struct, frozen=True, tag="login"):
     answer: bytes
     role: str = "client"
+    #: the client's challenge: the master's :class:`Ok` answers it with ``proof``
+    client_nonce: bytes = b""
 
 
 class Put(Struct, frozen=True, tag="put"):
@@ -359,6 +361,8 @@ class Ok(Struct, frozen=True, tag="ok"):
     is confined to (``"<tenant>/"``), empty for the shared (admin) token."""
 
     namespace: str = ""
+    #: after a login with a ``client_nonce``: the master's proof that it knows the token
+    proof: bytes = b""
 
 
 class Fail(Struct, frozen=True, tag="fail"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hmac
 import select
 import socket
 import threading
@@ -169,13 +170,21 @@ class MasterConnection:
                 if not token:
                     raise StoreAuthError(f"store master at {address} requires a token",
                                          "set KVCTL_TOKEN (or --token) to the master's token")
+                challenge = auth.new_nonce()
                 self._codec.send(self._sock, p.Login(
-                    answer=auth.respond(token, hello.nonce, p.AUTH_CONTEXT)))
+                    answer=auth.respond(token, hello.nonce, p.AUTH_CONTEXT),
+                    client_nonce=challenge))
                 reply = self._recv()
                 if isinstance(reply, p.Fail):
                     raise error_from(reply.error)
-                if isinstance(reply, p.Ok):
-                    self.namespace = reply.namespace
+                expected = auth.server_proof(token, hello.nonce, challenge, p.AUTH_CONTEXT)
+                if not isinstance(reply, p.Ok) or not hmac.compare_digest(reply.proof,
+                                                                          expected):
+                    raise StoreAuthError(
+                        f"store master at {address} did not prove that it knows the token",
+                        "this is not the master you meant (check --master and the discovery "
+                        "file), or it runs another kvctl version")
+                self.namespace = reply.namespace
             elif token:
                 # This side has a token, the master asks for none: either a misconfigured
                 # cluster or not the master we mean; never hand it our data.

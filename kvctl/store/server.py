@@ -220,11 +220,14 @@ class MasterServer:
             msg = codec.decode_request(frame.payload)
         except (msgspec.DecodeError, msgspec.ValidationError):
             msg = None
-        namespace = None
+        found = None
         if isinstance(msg, p.Login):
-            namespace = identify(self._token, self.tenants, nonce, p.AUTH_CONTEXT, msg.answer)
-        if namespace is not None:
-            codec.send(conn, p.Ok(namespace=namespace))
+            found = identify(self._token, self.tenants, nonce, p.AUTH_CONTEXT, msg.answer)
+        if found is not None and isinstance(msg, p.Login):
+            namespace, proved = found
+            proof = (auth.server_proof(proved, nonce, msg.client_nonce, p.AUTH_CONTEXT)
+                     if msg.client_nonce else b"")
+            codec.send(conn, p.Ok(namespace=namespace, proof=proof))
             return namespace
         codec.send(conn, p.Fail(error=p.ErrorInfo(
             code="unauthorized", cause="store master refused the token",

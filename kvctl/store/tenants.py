@@ -108,15 +108,16 @@ def check_admin_token(tenants: Sequence[Tenant], token: str | None) -> None:
 
 
 def identify(token: str | None, tenants: Sequence[Tenant], nonce: bytes, context: bytes,
-             answer: bytes) -> str | None:
-    """The namespace a login answer proves: ``""`` for the shared token, ``"<name>/"`` for a
-    tenant's, ``None`` when it proves none (every token is checked, in constant time each)."""
-    found: str | None = None
+             answer: bytes) -> tuple[str, str] | None:
+    """The namespace a login answer proves and the token it proved: ``""`` for the shared
+    token, ``"<name>/"`` for a tenant's; ``None`` when it proves none (every token is
+    checked, in constant time each)."""
+    found: tuple[str, str] | None = None
     if token is not None and auth.check_response(token, nonce, context, answer):
-        found = ""
+        found = ("", token)
     for t in tenants:
         if auth.check_response(t.token, nonce, context, answer) and found is None:
-            found = t.namespace
+            found = (t.namespace, t.token)
     return found
 
 
