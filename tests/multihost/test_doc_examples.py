@@ -99,7 +99,7 @@ def test_every_marked_example_is_tested() -> None:
     for doc in [*REPO.glob("docs/*.md"), *REPO.glob("examples/**/*.md"), REPO / "README.md"]:
         marked |= set(re.findall(r"<!--\s*example:\s*([\w.-]+)\s*-->", doc.read_text()))
     tested = {"two-hosts", "two-hosts-etcd", "metadata-serve", "store-three-hosts",
-              "bench-two-hosts", "bench-two-hosts-etcd", "mooncake-cluster"}
+              "bench-two-hosts", "bench-two-hosts-etcd", "bench-foreign-two-hosts"}
     assert marked <= tested, marked - tested
 
 
@@ -112,7 +112,7 @@ def _bench_rows(stdout: str, target: str) -> list[dict[str, Any]]:
     for row in rows:
         assert row["errors"] == 0
         assert row["verified"]
-        assert f"{target}:" in row["path"], row
+        assert re.search(rf"->\s*{re.escape(target)}(:|\s|$)", row["path"]), row
     return rows
 
 
@@ -153,3 +153,17 @@ def test_the_runbook_readme_shows_the_tested_two_host_commands() -> None:
     shown = [line for line in lines if line and not line.startswith("#")]
     assert shown
     assert set(shown) <= tested, set(shown) - tested
+
+
+@pytest.mark.parametrize("token", [False, True], ids=["open", "token"])
+def test_bench_three_engines_across_two_hosts(nshosts: MakeHosts, token: bool) -> None:
+    pytest.importorskip("mooncake.engine", reason="pip install mooncake-transfer-engine-non-cuda")
+    net = nshosts(2)
+    run = run_example(_json_last(load_example(BENCH, "bench-foreign-two-hosts")), net,
+                      env=_env(net, token), server_deadline_s=60)
+    doc = json.loads(run.last().stdout)
+    engines = {r["engine"] for r in doc["rows"]}
+    skipped = {s["engine"] for s in doc["skipped"]}
+    assert {"kvctl", "mooncake"} <= engines
+    assert engines | skipped >= {"kvctl", "mooncake", "nixl"}
+    _bench_rows(run.last().stdout, net[0].address)
