@@ -8,6 +8,7 @@ HTTP server that embeds one restarted) never renews somebody else's lease by acc
 
 from __future__ import annotations
 
+import heapq
 import secrets
 import threading
 import time
@@ -25,10 +26,16 @@ from kvctl.transfer.metadata.base import (
 
 
 class _Store:
+    """Entries, leases, and the keys bound to each lease; leases expire through a heap of
+    deadlines (a keepalive pushes a new deadline, stale ones are skipped when they come
+    up), so expiring costs O(log n) per lease that ends, not a scan of every lease."""
+
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.data: dict[str, tuple[bytes, LeaseId | None]] = {}
         self.leases: dict[LeaseId, tuple[float, float]] = {}  # id -> (ttl_s, deadline)
+        self.bound: dict[LeaseId, set[str]] = {}  # id -> keys put under it
+        self._deadlines: list[tuple[float, LeaseId]] = []
 
     def new_lease_id(self) -> LeaseId:
         while True:
@@ -36,14 +43,51 @@ class _Store:
             if lid not in self.leases:
                 return lid
 
+    def grant(self, lid: LeaseId, ttl_s: float, now: float) -> None:
+        self.leases[lid] = (ttl_s, now + ttl_s)
+        self.bound[lid] = set()
+        heapq.heappush(self._deadlines, (now + ttl_s, lid))
+
+    def renew(self, lid: LeaseId, now: float) -> None:
+        ttl, _ = self.leases[lid]
+        self.leases[lid] = (ttl, now + ttl)
+        heapq.heappush(self._deadlines, (now + ttl, lid))
+        # Deadlines superseded by renewals pile up in the heap: rebuild it when they
+        # outnumber the live leases.
+        if len(self._deadlines) > 4 * len(self.leases) + 64:
+            self._deadlines = [(d, lid) for lid, (_, d) in self.leases.items()]
+            heapq.heapify(self._deadlines)
+
+    def put(self, key: str, value: bytes, lease: LeaseId | None) -> None:
+        old = self.data.get(key)
+        if old is not None and old[1] is not None and old[1] != lease:
+            self.bound.get(old[1], set()).discard(key)
+        self.data[key] = (value, lease)
+        if lease is not None:
+            self.bound[lease].add(key)
+
+    def delete(self, key: str) -> bool:
+        old = self.data.pop(key, None)
+        if old is None:
+            return False
+        if old[1] is not None:
+            self.bound.get(old[1], set()).discard(key)
+        return True
+
+    def drop_lease(self, lid: LeaseId) -> None:
+        self.leases.pop(lid, None)
+        for key in self.bound.pop(lid, ()):
+            entry = self.data.get(key)
+            if entry is not None and entry[1] == lid:
+                del self.data[key]
+
     def expire(self, now: float) -> None:
-        dead = {lid for lid, (_, deadline) in self.leases.items() if deadline <= now}
-        if not dead:
-            return
-        for lid in dead:
-            del self.leases[lid]
-        for key in [k for k, (_, lid) in self.data.items() if lid in dead]:
-            del self.data[key]
+        heap = self._deadlines
+        while heap and heap[0][0] <= now:
+            deadline, lid = heapq.heappop(heap)
+            current = self.leases.get(lid)
+            if current is not None and current[1] == deadline:
+                self.drop_lease(lid)
 
 
 _STORES: dict[str, _Store] = {}
@@ -77,7 +121,7 @@ class MemoryMetadata(MetadataClient):
             if lease is not None and lease not in self._store.leases:
                 raise LeaseExpiredError(f"lease {lease} has expired or never existed",
                                     "grant a new lease and publish again")
-            self._store.data[key] = (bytes(value), lease)
+            self._store.put(key, bytes(value), lease)
 
     def get(self, key: str) -> bytes | None:
         with self._store.lock:
@@ -93,14 +137,14 @@ class MemoryMetadata(MetadataClient):
     def delete(self, key: str) -> bool:
         with self._store.lock:
             self._store.expire(self._now())
-            return self._store.data.pop(key, None) is not None
+            return self._store.delete(key)
 
     def grant_lease(self, ttl_s: float) -> LeaseId:
         if ttl_s <= 0:
             raise UsageError(f"lease TTL {ttl_s} s is not positive", "use a TTL above 0 s")
         with self._store.lock:
             lid = self._store.new_lease_id()
-            self._store.leases[lid] = (ttl_s, self._now() + ttl_s)
+            self._store.grant(lid, ttl_s, self._now())
             return lid
 
     def keepalive(self, lease: LeaseId) -> None:
@@ -109,14 +153,11 @@ class MemoryMetadata(MetadataClient):
             if lease not in self._store.leases:
                 raise LeaseExpiredError(f"lease {lease} has expired",
                                         "grant a new lease and republish")
-            ttl, _ = self._store.leases[lease]
-            self._store.leases[lease] = (ttl, self._now() + ttl)
+            self._store.renew(lease, self._now())
 
     def revoke(self, lease: LeaseId) -> None:
         with self._store.lock:
-            self._store.leases.pop(lease, None)
-            for key in [k for k, (_, lid) in self._store.data.items() if lid == lease]:
-                del self._store.data[key]
+            self._store.drop_lease(lease)
 
     def close(self) -> None:
         self._closed = True
