@@ -113,6 +113,10 @@ def _register_commands(app: typer.Typer) -> None:
     from kvctl.commands import bench
 
     app.add_typer(bench.app, name="bench")
+    from kvctl.commands import agent, cluster
+
+    app.add_typer(cluster.app, name="cluster")
+    app.command("agent")(agent.agent)
     from kvctl.commands import help as help_topics
 
     app.command("help")(help_topics.help_command)

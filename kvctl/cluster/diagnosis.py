@@ -231,7 +231,7 @@ def diagnose(values: Iterable[PairValue], *, slow_fraction: float = DEFAULT_SLOW
             raise ValueError(f"pair {p.a.label()}-{p.b.label()} has a bad value {p.gbps}")
     if not measured:
         return Diagnosis(len(pairs), 0, None, None, None, slow_fraction, (), (), (),
-                         unmeasured, "no pair was measured")
+                         unmeasured)
     gbps = [float(p.gbps) for p in measured if p.gbps is not None]
     median, mad = _median_mad(gbps)
     threshold = slow_fraction * median

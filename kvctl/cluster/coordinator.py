@@ -1,0 +1,253 @@
+"""The client side of the protocol: post jobs, follow their statuses, notice vanished hosts.
+
+A :class:`Coordinator` holds one lease for the run: every job it posts rides on it, so if the
+client dies (or is interrupted) its jobs vanish and the agents stop serving. Each poll is two
+range reads whatever the cluster's size: the run's statuses, and the liveness keys. A host
+whose liveness key is gone (its agent's lease expired) makes its pending jobs *missing*: the
+run goes on without it and reports when it was noticed. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Self
+
+from kvctl.cluster.agent import check_policy
+from kvctl.cluster.protocol import (
+    FINAL_STATES,
+    READY,
+    REFUSED,
+    ClusterKeys,
+    Job,
+    JobStatus,
+    now,
+    raw,
+    seal,
+    unseal,
+)
+from kvctl.errors import KvctlError, UsageError
+from kvctl.transfer.errors import AuthError
+from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, MetadataError
+
+_log = logging.getLogger("kvctl.cluster")
+
+#: What :meth:`Coordinator.wait` waits for.
+WAIT_FINAL = "final"
+WAIT_READY = "ready"
+
+
+@dataclasses.dataclass
+class JobRef:
+    """One posted job and what became of it.
+
+    Attributes:
+        job_id / host / kind: the job.
+        key / status_key: where it and its status live.
+        status: the agent's last status, ``None`` before the first.
+        missing_at: Unix time the host was seen gone, while the job was pending.
+        timed_out: the wait's deadline passed first.
+        untrusted: the status did not verify (another token), with the reason.
+    """
+
+    job_id: str
+    host: str
+    kind: str
+    key: str
+    status_key: str
+    status: JobStatus | None = None
+    missing_at: float | None = None
+    timed_out: bool = False
+    untrusted: str | None = None
+
+    @property
+    def state(self) -> str | None:
+        """The status's state, ``None`` when there is none yet."""
+        return self.status.state if self.status is not None else None
+
+    def settled(self, want: str) -> bool:
+        """Whether waiting for ``want`` (``final`` or ``ready``) is over for this job."""
+        if self.missing_at is not None or self.timed_out or self.untrusted:
+            return True
+        state = self.state
+        return state in FINAL_STATES or (want == WAIT_READY and state == READY)
+
+    def error(self) -> str | None:
+        """Why the job has no usable result, or ``None``."""
+        if self.untrusted:
+            return self.untrusted
+        if self.missing_at is not None:
+            return f"{self.host} vanished (its agent's lease expired)"
+        if self.status is not None and self.status.error:
+            return self.status.error
+        if self.timed_out:
+            return f"{self.host} did not answer in time"
+        return None
+
+
+class Coordinator:
+    """Jobs of one run, on one lease. ``start()`` first; ``close()`` cancels what is left.
+
+    Args:
+        client: the metadata service (stays open).
+        keys: the cluster's key layout.
+        token: the cluster token (jobs are signed, statuses checked).
+        ttl_s: the run's lease TTL: how long jobs outlive a dead client.
+        poll_s: seconds between polls while waiting.
+        run_id: the run's id (random when ``None``).
+    """
+
+    def __init__(self, client: MetadataClient, keys: ClusterKeys, *, token: str | None,
+                 ttl_s: float = 10.0, poll_s: float = 0.2, run_id: str | None = None) -> None:
+        if not poll_s > 0:
+            raise UsageError(f"poll interval {poll_s} s is not positive", "use e.g. 0.2s")
+        self.client = client
+        self.keys = keys
+        self.token = token
+        self.ttl_s = ttl_s
+        self.poll_s = poll_s
+        self.run_id = run_id or secrets.token_hex(4)
+        self._seq = itertools.count(1)
+        self._keeper: LeaseKeeper | None = None
+        self._refs: dict[str, JobRef] = {}
+        self._alive: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def start(self) -> Self:
+        """Check the token policy and take the run's lease.
+
+        Raises:
+            AuthError: the cluster requires a token we lack, or runs with another.
+            MetadataError: the metadata service cannot be reached.
+        """
+        check_policy(self.client, self.keys, self.token,
+                     who=f"client@{socket.gethostname()}")
+        self._keeper = LeaseKeeper(self.client, self.ttl_s,
+                                   name=f"kvctl-cluster-run-{self.run_id}").start()
+        return self
+
+    def close(self) -> None:
+        """Revoke the lease (every job left vanishes). Idempotent."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ jobs
+
+    def submit(self, host: str, kind: str, params: Any, *, hold_s: float) -> JobRef:
+        """Post a job for ``host``'s agent.
+
+        Raises:
+            MetadataError: the put failed.
+        """
+        keeper = self._require()
+        job_id = f"{self.run_id}-{next(self._seq)}"
+        key = self.keys.job(host, job_id)
+        job = Job(job_id=job_id, run_id=self.run_id, kind=kind, host=host, issued_at=now(),
+                  hold_s=hold_s, params=raw(params))
+        ref = JobRef(job_id, host, kind, key, self.keys.status(self.run_id, host, job_id))
+        with self._lock:
+            self._refs[job_id] = ref
+        keeper.publish(key, seal(key, "job", job, self.token))
+        return ref
+
+    def cancel(self, refs: Sequence[JobRef]) -> None:
+        """Delete the jobs (their agents stop them and delete their statuses)."""
+        keeper = self._keeper
+        for ref in refs:
+            with self._lock:
+                self._refs.pop(ref.job_id, None)
+            if keeper is None:
+                continue
+            try:
+                keeper.unpublish(ref.key)
+            except MetadataError as exc:
+                _log.warning("could not delete job %s (%s); it ends with the run's lease",
+                             ref.job_id, exc.cause)
+
+    def _require(self) -> LeaseKeeper:
+        if self._keeper is None:
+            raise UsageError("the coordinator is not started", "call start() first")
+        return self._keeper
+
+    # ------------------------------------------------------------------ polling
+
+    def refresh(self) -> bool:
+        """One poll: every status of the run and every liveness key. ``False`` (logged)
+        when the metadata service did not answer."""
+        try:
+            statuses = self.client.list(self.keys.status_prefix(self.run_id))
+            alive = self.client.list(self.keys.alive_prefix)
+        except MetadataError as exc:
+            _log.warning("poll of %s failed: %s", self.client.url, exc.cause)
+            return False
+        live = {k[len(self.keys.alive_prefix):]: v.decode(errors="replace")
+                for k, v in alive.items()}
+        with self._lock:
+            self._alive = live
+            refs = dict(self._refs)
+        by_key = {r.status_key: r for r in refs.values()}
+        for key, value in statuses.items():
+            ref = by_key.get(key)
+            if ref is None:
+                continue
+            try:
+                ref.status = unseal(key, value, "status", JobStatus, self.token)
+            except KvctlError as exc:
+                ref.untrusted = f"status of {ref.host} not trusted: {exc.cause}"
+        return True
+
+    def alive(self, host: str) -> bool:
+        """Whether ``host``'s liveness key was there at the last poll."""
+        with self._lock:
+            return host in self._alive
+
+    def wait(self, refs: Sequence[JobRef], *, want: str = WAIT_FINAL, timeout_s: float,
+             stop: threading.Event | None = None) -> bool:
+        """Poll until every job in ``refs`` is settled (see :meth:`JobRef.settled`), its host
+        vanished, or ``timeout_s`` passed. ``False`` when ``stop`` was set first.
+
+        Raises:
+            AuthError: an agent refused a job for its signature (this client's token is
+                missing or wrong).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            polled = self.refresh()
+            pending = [r for r in refs if not r.settled(want)]
+            for ref in refs:
+                status = ref.status
+                if status is not None and status.state == REFUSED and status.error and (
+                        "signed" in status.error or "token" in status.error):
+                    raise AuthError(f"{ref.host} refused the run's jobs: {status.error}",
+                                    status.hint or "set KVCTL_TOKEN as on the agents")
+            if polled:
+                for ref in pending:
+                    if not self.alive(ref.host):
+                        ref.missing_at = now()
+                pending = [r for r in pending if r.missing_at is None]
+            if not pending:
+                return True
+            if time.monotonic() >= deadline:
+                for ref in pending:
+                    ref.timed_out = True
+                return True
+            if stop is not None:
+                if stop.wait(self.poll_s):
+                    return False
+            else:
+                time.sleep(self.poll_s)

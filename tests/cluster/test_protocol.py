@@ -1,0 +1,249 @@
+"""The agent/client protocol in one process: simulated hosts with stand-in work.
+
+Agents and a coordinator share one ``memory://`` metadata service; the agents' handlers are
+fakes that answer at once, so these tests check the protocol itself: the writes a pair costs
+(the planner's figure), vanished hosts, token refusals, leases.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from kvctl.bench.spec import CPU0, Op, Sweep
+from kvctl.cluster.agent import Agent, JobContext, check_policy
+from kvctl.cluster.bench import ClusterBenchOptions, run_cluster_bench
+from kvctl.cluster.coordinator import Coordinator
+from kvctl.cluster.protocol import (
+    BENCH,
+    REFUSED,
+    TARGET,
+    BenchParams,
+    BenchResult,
+    ClusterKeys,
+    HostRecord,
+    Job,
+    JobStatus,
+    RowSummary,
+    TargetReady,
+    raw,
+    seal,
+    unseal,
+)
+from kvctl.cluster.registry import read_hosts
+from kvctl.cluster.scheduler import WRITES_PER_PAIR, plan_figures
+from kvctl.transfer.errors import AuthError
+from kvctl.transfer.metadata import LeaseId, MetadataClient, open_metadata
+
+TOKEN = "protocol-secret-1"
+
+
+class Counting(MetadataClient):
+    """A metadata client that counts puts and deletes by key prefix."""
+
+    def __init__(self, inner: MetadataClient) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.writes: list[str] = []
+        self._lock = threading.Lock()
+
+    def put(self, key: str, value: bytes, *, lease: LeaseId | None = None) -> None:
+        with self._lock:
+            self.writes.append(key)
+        self.inner.put(key, value, lease=lease)
+
+    def get(self, key: str) -> bytes | None:
+        return self.inner.get(key)
+
+    def list(self, prefix: str) -> dict[str, bytes]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> bool:
+        with self._lock:
+            self.writes.append(key)
+        return self.inner.delete(key)
+
+    def grant_lease(self, ttl_s: float) -> LeaseId:
+        return self.inner.grant_lease(ttl_s)
+
+    def keepalive(self, lease: LeaseId) -> None:
+        self.inner.keepalive(lease)
+
+    def revoke(self, lease: LeaseId) -> None:
+        self.inner.revoke(lease)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def fake_target(ctx: JobContext) -> None:
+    ctx.ready(TargetReady(peer=f"{ctx.host.address}:7400", address=ctx.host.address,
+                          engines=["kvctl"]))
+    ctx.hold()
+
+
+def fake_bench(speed: dict[str, float]) -> Any:
+    def run(ctx: JobContext) -> BenchResult:
+        p: BenchParams = ctx.params(BenchParams)
+        target = p.peer.split(":")[0]
+        gbps = min(speed.get(ctx.host.hostname, 1.0), speed.get(target, 1.0))
+        return BenchResult(rows=[RowSummary("kvctl", op, "tcp", 65536, 8, gbps, 0, True,
+                                            f"tcp -> {p.peer}", 80, 0.1)
+                                 for op in ("read", "write")])
+    return run
+
+
+def record(name: str, ttl_s: float = 1.0) -> HostRecord:
+    return HostRecord(hostname=name, agent_id=secrets.token_hex(6), version="0.1.0", pid=1,
+                      started_at=time.time(), address=name, addresses=[name],
+                      lease_ttl_s=ttl_s, poll_s=0.02)
+
+
+SWEEP = Sweep(ops=(Op.READ, Op.WRITE), transports=("tcp",), block_sizes_bytes=(65536,),
+              batch_sizes=(8,), duration_s=0.1, verify=True, local=CPU0, remote=CPU0)
+
+
+@pytest.fixture
+def service() -> Iterator[Counting]:
+    client = Counting(open_metadata(f"memory://cluster-{secrets.token_hex(4)}"))
+    yield client
+    client.close()
+
+
+def agents(service: MetadataClient, names: list[str], *, token: str | None = None,
+           speed: dict[str, float] | None = None, ttl_s: float = 1.0) -> list[Agent]:
+    handlers = {TARGET: fake_target, BENCH: fake_bench(speed or {})}
+    return [Agent(service, record(n, ttl_s), handlers=handlers, token=token).start()
+            for n in names]
+
+
+def test_a_pair_costs_the_planners_writes(service: Counting) -> None:
+    names = [f"h{i}" for i in range(6)]
+    started = agents(service, names)
+    try:
+        registered = len(service.writes)
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02, ttl_s=2) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP))
+            # let the agents see their jobs gone and withdraw their statuses
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and service.list(
+                    ClusterKeys().status_prefix(coord.run_id)):
+                time.sleep(0.02)
+    finally:
+        for a in started:
+            a.close()
+    assert len(report.outcomes) == 15
+    assert all(o.state == "ok" and o.verified for o in report.outcomes)
+    job_writes = [k for k in service.writes[registered:] if "/jobs/" in k or "/status/" in k]
+    assert len(job_writes) == WRITES_PER_PAIR * 15
+    figures = plan_figures(6, pair_duration_s=1.0)
+    assert figures.rounds == len(report.schedule.rounds) == 5
+    assert figures.pairs_per_round == report.schedule.max_concurrency == 3
+
+
+def test_the_diagnosis_of_a_simulated_slow_host(service: Counting) -> None:
+    names = [f"h{i}" for i in range(5)]
+    started = agents(service, names, speed={"h2": 0.25})
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP))
+    finally:
+        for a in started:
+            a.close()
+    assert [c.subject.host for c in report.diagnosis.culprits] == ["h2"]
+    assert not report.ok
+
+
+def test_a_vanished_agent_is_missing_within_its_ttl(service: Counting) -> None:
+    names = [f"h{i}" for i in range(4)]
+    started = agents(service, names, ttl_s=1.0)
+    victim = started[3]
+    # stop renewing without revoking: as if the process died
+    assert victim._keeper is not None
+    victim._keeper._stop.set()
+    victim._keeper._wake.set()
+    victim._stop.set()
+    died = time.time()
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            time.sleep(0.01)
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP, schedule="rounds"))
+    finally:
+        for a in started[:3]:
+            a.close()
+    assert [m.host for m in report.missing] == ["h3"]
+    assert report.missing[0].detected_at - died < 1.0 + 0.5
+    states = {(o.a.host, o.b.host): o.state for o in report.outcomes}
+    assert all(s == "ok" for pair, s in states.items() if "h3" not in pair)
+    assert all(s in ("missing", "not-run") for pair, s in states.items() if "h3" in pair)
+    assert not report.ok
+
+
+def test_an_unsigned_job_is_refused_and_the_client_told(service: Counting) -> None:
+    (agent,) = agents(service, ["h0"], token=TOKEN)
+    try:
+        keys = ClusterKeys()
+        job = Job(job_id="r1-1", run_id="r1", kind=TARGET, host="h0", issued_at=0.0,
+                  hold_s=5.0, params=raw({"region_bytes": 1, "engines": [], "transports": []}))
+        service.put(keys.job("h0", "r1-1"), seal(keys.job("h0", "r1-1"), "job", job, None))
+        deadline = time.monotonic() + 5
+        status = None
+        while time.monotonic() < deadline and status is None:
+            status = service.get(keys.status("r1", "h0", "r1-1"))
+            time.sleep(0.02)
+        assert status is not None
+        answer = unseal(keys.status("r1", "h0", "r1-1"), status, "status", JobStatus, TOKEN)
+        assert answer.state == REFUSED
+        assert "not signed" in (answer.error or "")
+        assert agent.refused == 1
+        # a client without the token is stopped by the policy before it posts anything
+        with pytest.raises(AuthError, match="requires the shared token"):
+            Coordinator(service, keys, token=None).start()
+        with pytest.raises(AuthError, match="another token"):
+            Coordinator(service, keys, token="wrong").start()
+    finally:
+        agent.close()
+
+
+def test_an_agent_without_the_token_cannot_join(service: Counting) -> None:
+    (agent,) = agents(service, ["h0"], token=TOKEN)
+    try:
+        with pytest.raises(AuthError, match="KVCTL_TOKEN is not set"):
+            Agent(service, record("h1"), handlers={}, token=None).start()
+        # and what it would write anyway is not trusted by holders of the token
+        keys = ClusterKeys()
+        service.put(keys.host("h1"), seal(keys.host("h1"), "host", record("h1"), None))
+        entries = {e.name: e for e in read_hosts(service, keys, TOKEN)}
+        assert entries["h0"].usable
+        assert not entries["h1"].usable
+        assert "not signed" in (entries["h1"].problem or "")
+    finally:
+        agent.close()
+
+
+def test_policy_is_written_once_and_agreed(service: Counting) -> None:
+    keys = ClusterKeys("blue")
+    check_policy(service, keys, TOKEN, who="h0")
+    check_policy(service, keys, TOKEN, who="h1")
+    stored = service.get(keys.policy)
+    assert stored is not None
+    assert msgspec.json.decode(stored)["written_by"] == "h0"
+    assert TOKEN not in stored.decode()
+
+
+def test_a_closed_agent_leaves_nothing(service: Counting) -> None:
+    (agent,) = agents(service, ["h0"])
+    keys = ClusterKeys()
+    assert service.get(keys.host("h0")) is not None
+    agent.close()
+    assert service.get(keys.host("h0")) is None
+    assert service.get(keys.alive("h0")) is None
