@@ -6,10 +6,8 @@ multi-host examples rely on.
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import select
 import shutil
 import socket
 import subprocess
@@ -26,6 +24,7 @@ from kvctl.errors import ConfigError
 from kvctl.runbook.model import Verdict, load_runbook, parse_runbook
 from kvctl.runbook.runner import run_runbook
 from tests.fixtures.cli import CliResult
+from tests.fixtures.hosts import read_json_doc
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "runbooks"
@@ -195,24 +194,6 @@ def test_key_consistency_diagnoses_an_instance_that_differs(
 # -- two hosts, on loopback -------------------------------------------------------------------
 
 
-def _read_json_doc(proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
-    """The first JSON document the process prints (kvctl indents it over several lines)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    data = b""
-    while time.monotonic() < deadline and b"\n}\n" not in data:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(fd, 65536) if ready else b""
-        if not chunk:
-            break
-        data += chunk
-    if b"\n}\n" in data:
-        return dict(json.loads(data[:data.index(b"\n}\n") + 3]))
-    proc.kill()
-    _, err = proc.communicate(timeout=10)
-    raise AssertionError(f"target printed no JSON document in time: {data!r} {err[-2000:]!r}")
-
-
 @pytest.fixture
 def start_target() -> Iterator[Callable[..., dict[str, Any]]]:
     """Run examples/runbooks/two-hosts-target.sh on loopback; returns its bench.target doc."""
@@ -228,7 +209,7 @@ def start_target() -> Iterator[Callable[..., dict[str, Any]]]:
             ["sh", str(EXAMPLES / "two-hosts-target.sh"), "--json", "--serve-for", "60s",
              *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         procs.append(proc)
-        return _read_json_doc(proc, time.monotonic() + START_DEADLINE_S)
+        return read_json_doc(proc, timeout_s=START_DEADLINE_S)
 
     yield start
     for proc in procs:
