@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -54,6 +55,29 @@ LINK_LAYERS = {0: "Unspecified", 1: "InfiniBand", 2: "Ethernet"}
 #: ``query_gid_type``, returns: 0 IB/RoCE v1, 1 RoCE v2) → sysfs spelling. Not
 #: ``enum ibv_gid_type`` of ``ibv_query_gid_ex`` (IB 0, RoCE v1 1, RoCE v2 2).
 GID_TYPES = {0: "IB/RoCE v1", 1: "RoCE v2"}
+ROCE_V2 = "RoCE v2"
+#: ``IBV_NODE_UNSPECIFIED`` and ``IBV_TRANSPORT_UNSPECIFIED``: what EFA devices report.
+NODE_UNSPECIFIED = 7
+TRANSPORT_UNSPECIFIED = 4
+_IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"
+
+
+def gid_preference(gid: str, index: int) -> tuple[int, int]:
+    """Sort key of a GID entry: IPv4-mapped first (routable RoCE v2), then other global
+    GIDs, then link-local ones; lower index first. ``kvctl topo --format env`` uses the
+    same order for ``MC_GID_INDEX``."""
+    if gid.startswith(_IPV4_MAPPED):
+        return (0, index)
+    if gid.startswith("fe80:"):
+        return (2, index)
+    return (1, index)
+
+
+def roce_v2_gid(gids: Sequence[VerbsGid]) -> VerbsGid | None:
+    """The GID entry RoCE traffic should use: the best RoCE v2 entry by
+    :func:`gid_preference` (the IPv4-mapped one when the netdev has an IPv4 address)."""
+    v2 = [g for g in gids if g.type == ROCE_V2]
+    return min(v2, key=lambda g: gid_preference(g.gid, g.index)) if v2 else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +100,9 @@ class VerbsPort:
         lanes: active width in lanes (4 for ``4X``).
         rate_gbps: lanes x nominal lane speed, Gb/s (decimal).
         link_layer: ``InfiniBand`` or ``Ethernet``.
+        gids: populated GID entries.
+        lid: base LID (InfiniBand; 0 on RoCE), ``None`` when not read.
+        max_msg_bytes: largest message one work request may carry (``max_msg_sz``), bytes.
     """
 
     port: int
@@ -86,14 +113,32 @@ class VerbsPort:
     rate_gbps: float | None
     link_layer: str | None
     gids: tuple[VerbsGid, ...] = ()
+    lid: int | None = None
+    max_msg_bytes: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class VerbsDevice:
-    """An RDMA device and its ports."""
+    """An RDMA device and its ports.
+
+    Attributes:
+        name: device name (``mlx5_0``).
+        ports: its ports.
+        node_type: ``enum ibv_node_type`` (1 CA, 4 RNIC, 7 unspecified), ``None`` if unknown.
+        transport_type: ``enum ibv_transport_type`` (0 IB, 1 iWARP, 4 unspecified).
+    """
 
     name: str
     ports: tuple[VerbsPort, ...]
+    node_type: int | None = None
+    transport_type: int | None = None
+
+    @property
+    def is_efa(self) -> bool:
+        """Whether this is an AWS EFA device (node and transport "unspecified"): it offers
+        UD and SRD queue pairs only, never RC (rdma-core providers/efa/verbs.c)."""
+        return (self.node_type == NODE_UNSPECIFIED
+                and self.transport_type == TRANSPORT_UNSPECIFIED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +193,13 @@ class PyverbsBackend:
         for entry in listed:
             name = _text(entry.name)
             try:
-                devices.append(self._device_info(device, name))
+                info = self._device_info(device, name)
             except error_type as err:
                 _log.warning("verbs: cannot query %s: %s", name, err)
+                continue
+            devices.append(dataclasses.replace(
+                info, node_type=_int_or_none(getattr(entry, "node_type", None)),
+                transport_type=_int_or_none(getattr(entry, "transport_type", None))))
         return VerbsReport(devices=tuple(sorted(devices, key=lambda d: d.name)))
 
     def _device_info(self, device: Any, name: str) -> VerbsDevice:
@@ -187,6 +236,8 @@ class PyverbsBackend:
                         rate_gbps=lanes * lane if lanes and lane else None,
                         link_layer=LINK_LAYERS.get(int(pattr.link_layer)),
                         gids=tuple(gids),
+                        lid=_int_or_none(getattr(pattr, "lid", None)),
+                        max_msg_bytes=_int_or_none(getattr(pattr, "max_msg_sz", None)),
                     )
                 )
         finally:
@@ -207,6 +258,13 @@ class RecordedVerbs:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def verbs_to_dict(answer: VerbsReport | Unavailable) -> dict[str, Any]:
@@ -231,5 +289,7 @@ def verbs_from_dict(data: Any) -> VerbsReport | Unavailable:
             fields = dict(p)
             fields["gids"] = tuple(VerbsGid(**g) for g in fields.get("gids", ()))
             ports.append(VerbsPort(**fields))
-        devices.append(VerbsDevice(name=raw["name"], ports=tuple(ports)))
+        devices.append(VerbsDevice(name=raw["name"], ports=tuple(ports),
+                                   node_type=raw.get("node_type"),
+                                   transport_type=raw.get("transport_type")))
     return VerbsReport(devices=tuple(devices))

@@ -144,7 +144,12 @@ class TransferEngine:
         timeout_s: a request whose path makes no progress for this long becomes TIMEOUT.
         lease_ttl_s: TTL of the lease published segments live under (a
             :class:`~kvctl.transfer.metadata.LeaseKeeper` renews it every third).
-        rdma_devices: RDMA device names to use (default: all).
+        rdma_devices: RDMA NICs to use and nothing else (``mlx5_0`` or ``mlx5_0:1``, in
+            order of preference; default: every usable port, chosen per buffer by topo's
+            ranking).
+        rdma: further RDMA settings (GID index, hop limit, ranking, ...; see
+            :class:`~kvctl.transfer.transports.rdma.RdmaOptions`); by default
+            ``timeout_s`` and ``retry`` are the engine's.
         on_notification: called from the server thread for each notification (else queued
             for :meth:`get_notification`).
         max_frame_bytes: largest frame the target server accepts.
@@ -169,6 +174,7 @@ class TransferEngine:
         timeout_s: float = 30.0,
         lease_ttl_s: float = 10.0,
         rdma_devices: Sequence[str] = (),
+        rdma: rdma_mod.RdmaOptions | None = None,
         on_notification: Callable[[Notification], None] | None = None,
         max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
         spin_s: float = DEFAULT_SPIN_S,
@@ -217,20 +223,27 @@ class TransferEngine:
         self._closed = False
 
         self._rdma_reason: str | None = "not requested"
+        self._rdma_hint: str | None = None
         self._rdma: rdma_mod.RdmaTransport | None = None
         if transport in ("auto", "rdma"):
-            self._rdma_reason = rdma_mod.rdma_unavailable_reason(rdma_devices)
-            if self._rdma_reason is None:
+            options = rdma or rdma_mod.RdmaOptions(timeout_s=timeout_s,
+                                                   retry=retry or RetryPolicy())
+            if rdma_devices:
+                options = dataclasses.replace(options, nics=tuple(rdma_devices))
+            try:
                 self._rdma = rdma_mod.RdmaTransport(
-                    self, devices=rdma_devices, retry=retry or RetryPolicy())
-            elif transport == "rdma":
-                raise TransportUnavailableError(
-                    f"RDMA unavailable: {self._rdma_reason}",
-                    "use transport 'auto' to fall back to tcp/shm, or fix the RDMA setup "
-                    "(ibv_devices should list a device)")
-            else:
+                    engine_name=self.name, token=token, listen_host=self._listen[0],
+                    advertise=self._advertise, options=options)
+                self._rdma_reason = None
+            except TransportUnavailableError as exc:
+                self._rdma_reason, self._rdma_hint = exc.cause, exc.hint
+                if transport == "rdma":
+                    raise TransportUnavailableError(
+                        f"RDMA unavailable: {exc.cause}",
+                        f"{exc.hint or 'check ibv_devinfo -v'}; or use transport 'auto' to "
+                        "fall back to tcp/shm") from None
                 _log.info("RDMA unavailable: %s; auto transport will use shm or tcp",
-                          self._rdma_reason)
+                          exc.cause)
         self._tcp = TcpTransport(
             token=token, connections_per_peer=connections_per_peer, local_addresses=nics,
             slice_bytes=slice_bytes, retry=retry, timeout_s=timeout_s, spin_s=spin_s)
@@ -255,6 +268,11 @@ class TransferEngine:
     def rdma_unavailable_reason(self) -> str | None:
         """Why RDMA is not used by this engine (``None`` when it is available)."""
         return self._rdma_reason
+
+    @property
+    def rdma_unavailable_hint(self) -> str | None:
+        """How to make RDMA available (``None`` when it is, or was not requested)."""
+        return self._rdma_hint
 
     @property
     def advertised(self) -> tuple[str, ...]:
@@ -372,9 +390,11 @@ class TransferEngine:
                 if seg.kind in ("shm", "file"):
                     offered.insert(0, "shm")
                 rdma: tuple[dict[str, Any], ...] = ()
-                if self._rdma is not None and seg.kind in ("shm", "host"):
-                    rdma = self._rdma.register(seg)
-                    offered.append("rdma")
+                if self._rdma is not None and seg.kind in ("shm", "host", "gpu"):
+                    published = self._register_rdma(seg)
+                    if published is not None:
+                        rdma = published
+                        offered.append("rdma")
                 info = SegmentInfo(
                     name=seg.name, kind=seg.kind, engine=self.name, host=self.host,
                     pid=os.getpid(), addresses=self.advertised,
@@ -391,6 +411,40 @@ class TransferEngine:
         _log.info("registered segment %s (%s, %d bytes) at %s", seg.name, seg.kind,
                   seg.size_bytes, ",".join(info.addresses))
         return self._handle(info, transport="local")
+
+    def _register_rdma(self, seg: LocalSegment) -> tuple[dict[str, Any], ...] | None:
+        """RDMA memory regions for ``seg`` (``None``: not an RDMA target). A registration
+        failure (e.g. the memlock limit) is fatal with transport ``rdma``; with ``auto`` it
+        turns RDMA off for this engine, logged with its fix, and tcp serves."""
+        rdma = self._rdma
+        if rdma is None:
+            return None
+        try:
+            return rdma.register(seg)
+        except TransportUnavailableError as exc:
+            if self.transport == "rdma":
+                raise
+            self._degrade_rdma(exc)
+            return None
+
+    def _degrade_rdma(self, exc: TransportUnavailableError) -> None:
+        """Stop offering and using RDMA (auto transport), republishing what offered it."""
+        rdma, self._rdma = self._rdma, None
+        self._rdma_reason, self._rdma_hint = exc.cause, exc.hint
+        self._transports.pop("rdma", None)
+        _log.warning("RDMA unavailable: %s; auto transport will use shm or tcp (%s)",
+                     exc.cause, exc.hint)
+        for name, info in list(self._infos.items()):
+            if "rdma" in info.transports:
+                info = dataclasses.replace(
+                    info, transports=tuple(t for t in info.transports if t != "rdma"), rdma=())
+                self._infos[name] = info
+                self._publish(info)
+        for name, remote in list(self._remote.items()):
+            if remote.transport == "rdma":
+                del self._remote[name]
+        if rdma is not None:
+            rdma.close()
 
     def _publish(self, info: SegmentInfo) -> None:
         if self._keeper is None:
@@ -411,7 +465,11 @@ class TransferEngine:
             if seg is None:
                 raise SegmentNotFoundError(f"segment {name!r} is not registered in engine "
                                            f"{self.name!r}", "see engine.local_segments()")
-            seg.close()  # raises BusyError while in flight
+            if seg.inflight > 0:
+                seg.close()  # raises BusyError while in flight
+            if self._rdma is not None:
+                self._rdma.unregister(seg)  # MRs go before the memory does
+            seg.close()
             info = self._infos.pop(name)
             del self._segments[name]
             self._by_id.pop(info.seg_id, None)

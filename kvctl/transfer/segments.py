@@ -186,13 +186,31 @@ def _torch() -> Any:
 
 
 class GpuBuffer(LocalBuffer):
-    """CUDA memory held by a torch tensor; host I/O stages through a pinned tensor."""
+    """CUDA memory held by a torch tensor; host I/O stages through a pinned tensor.
+
+    Attributes:
+        device_index: the CUDA ordinal (as torch numbers devices, under
+            ``CUDA_VISIBLE_DEVICES``).
+    """
 
     def __init__(self, offset: int, tensor: Any, device_index: int) -> None:
         super().__init__(offset, int(tensor.numel()), f"cuda:{device_index}")
+        self.device_index = device_index
         self._tensor = tensor
         self._lock = threading.Lock()
         self._staging: Any = None
+
+    @property
+    def device_pointer(self) -> int:
+        """CUDA device address of the buffer's first byte (what a dma-buf export or a
+        peermem memory registration takes).
+
+        Raises:
+            ValueError: the buffer is closed.
+        """
+        if self._tensor is None:
+            raise ValueError("buffer is closed")
+        return int(self._tensor.data_ptr())
 
     def _stage(self, nbytes: int) -> Any:
         torch = _torch()

@@ -1,0 +1,1 @@
+"""Faithful fakes of hardware APIs kvctl drives (see each package's docstring)."""
