@@ -79,8 +79,10 @@ def check_rdma(backend: VerbsBackend | None = None) -> ComponentStatus:
 
 
 def check_cuda(importer: Callable[[str], object] = importlib.import_module) -> ComponentStatus:
-    """A CUDA device reachable from Python (torch or cupy), for GPU-memory segments."""
+    """CUDA for GPU-memory segments: torch with a CUDA device (what ``kind="gpu"`` segments
+    and GPU initiators use). cupy alone is reported, but is not enough."""
     reasons: list[str] = []
+    cupy_count = 0
     for module in ("torch", "cupy"):
         try:
             mod = importer(module)
@@ -92,13 +94,20 @@ def check_cuda(importer: Callable[[str], object] = importlib.import_module) -> C
         except Exception as exc:  # noqa: BLE001 - any driver/runtime failure is "not usable"
             reasons.append(f"{module}: {type(exc).__name__}: {exc}")
             continue
+        if count > 0 and module == "torch":
+            version = getattr(getattr(mod, "version", None), "cuda", None)
+            built = f", built for CUDA {version}" if version else ""
+            return ComponentStatus("cuda", Status.OK,
+                                   f"torch: {count} CUDA device(s){built}")
         if count > 0:
-            return ComponentStatus("cuda", Status.OK, f"{module}: {count} CUDA device(s)")
-        reasons.append(f"{module} sees no CUDA device")
-    return ComponentStatus(
-        "cuda", Status.UNAVAILABLE, "; ".join(reasons),
-        "install a CUDA build of torch (pip install torch) or cupy on a host with a GPU",
-    )
+            cupy_count = count
+            reasons.append(f"cupy sees {count} CUDA device(s), but GPU segments need torch")
+        else:
+            reasons.append(f"{module} sees no CUDA device")
+    hint = ("install a CUDA build of torch (pip install torch) in this environment"
+            if cupy_count else
+            "install a CUDA build of torch (pip install torch) on a host with a GPU")
+    return ComponentStatus("cuda", Status.UNAVAILABLE, "; ".join(reasons), hint)
 
 
 def _cuda_device_count(module: str, mod: object) -> int:
@@ -107,6 +116,47 @@ def _cuda_device_count(module: str, mod: object) -> int:
         return int(cuda.device_count()) if cuda.is_available() else 0
     runtime = getattr(getattr(mod, "cuda"), "runtime")  # noqa: B009
     return int(runtime.getDeviceCount())
+
+
+#: NIXL's import names: the meta package ``nixl`` (pure Python, picks cu12/cu13) and the
+#: CUDA-specific wheels it loads.
+NIXL_MODULES = ("nixl._api", "nixl_cu12._api", "nixl_cu13._api")
+NIXL_META_HINT = ("pip install --no-deps nixl (the pure-Python meta package that provides "
+                  "'import nixl' and picks nixl-cu12/cu13 from the CUDA of torch or cupy)")
+
+
+def check_nixl(importer: Callable[[str], object] = importlib.import_module) -> ComponentStatus:
+    """NIXL as kvctl's driver loads it: ``nixl._api``, else ``nixl_cu12._api`` /
+    ``nixl_cu13._api`` (the CUDA wheels work without the ``nixl`` meta package)."""
+    versions = []
+    for dist in ("nixl", "nixl-cu12", "nixl-cu13"):
+        try:
+            versions.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    failures: list[str] = []
+    for module in NIXL_MODULES:
+        try:
+            importer(module)
+        except ImportError as exc:
+            failures.append(f"{module}: {exc}")
+            continue
+        found = ", ".join(versions) or module.partition(".")[0]
+        if module == "nixl._api":
+            return ComponentStatus("nixl", Status.OK, f"{found}: nixl._api importable")
+        return ComponentStatus(
+            "nixl", Status.OK,
+            f"{found}: {module} importable (kvctl's driver uses it); 'import nixl' fails: "
+            "the nixl meta package is not installed", NIXL_META_HINT)
+    detail = "cannot import NIXL (" + "; ".join(failures) + ")"
+    if not versions:
+        return ComponentStatus("nixl", Status.UNAVAILABLE, detail,
+                               "pip install --no-deps nixl-cu12 nixl (PyPI builds are CUDA "
+                               "wheels; UCX on host memory runs without a GPU)")
+    last = failures[-1] if failures else ""
+    hint = _import_hint(ImportError(last))
+    return ComponentStatus("nixl", Status.ERROR, f"{', '.join(versions)} installed but {detail}",
+                           hint)
 
 
 def check_package(
@@ -180,10 +230,7 @@ def default_checks(metadata_urls: Sequence[str] = ()) -> list[Callable[[], Compo
             "apt-get install libibverbs1)",
             binaries=["mooncake_master", "transfer_engine_bench"],
         ),
-        lambda: check_package(
-            "nixl", ["nixl", "nixl-cu12", "nixl-cu13"], "nixl._api",
-            "pip install nixl on a host with CUDA (PyPI builds are CUDA-only)",
-        ),
+        check_nixl,
     ]
     for url in metadata_urls:
         label = url.split("://", 1)[0] if "://" in url else "metadata"

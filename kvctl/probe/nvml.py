@@ -9,13 +9,18 @@ that initialises NVML on first use and turns "library missing", "driver not load
 - no library / no driver / no permission → :class:`~kvctl.probe.types.Unavailable`;
 - a field NVML does not support on this GPU → ``None`` in that field, with the reason in
   :attr:`NvmlGpu.missing`.
+
+NVML numbers GPUs over the whole host; CUDA (torch, Mooncake, kvctl's GPU buffers) numbers
+the GPUs its process sees. :func:`cuda_ordinals` maps one to the other under
+``CUDA_VISIBLE_DEVICES``, so ``cuda:N`` can name the right PCI device (and NICs).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -293,3 +298,87 @@ def nvml_from_dict(data: Any) -> NvmlReport | Unavailable:
         fields["missing"] = dict(fields.get("missing", {}))
         gpus.append(NvmlGpu(**fields))
     return NvmlReport(driver_version=report.get("driver_version"), gpus=tuple(gpus))
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaOrdinals:
+    """Which GPU each CUDA ordinal (``cuda:N`` in torch, Mooncake and kvctl's GPU buffers)
+    is in this process, under ``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``.
+
+    Attributes:
+        visible: the visible GPUs, ordinal order: ``visible[N]`` is ``cuda:N``.
+        hidden: GPUs NVML sees that this process's CUDA does not.
+        notes: what could not be mapped exactly (an invalid entry that ends the list, a MIG
+            instance, ``FASTEST_FIRST`` over mixed models), for display.
+    """
+
+    visible: tuple[NvmlGpu, ...]
+    hidden: tuple[NvmlGpu, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def pci_of(self, ordinal: int) -> str | None:
+        """PCI address of ``cuda:ordinal``, ``None`` when there is no such ordinal."""
+        return self.visible[ordinal].pci if 0 <= ordinal < len(self.visible) else None
+
+    def ordinal_of(self, pci: str) -> int | None:
+        """The CUDA ordinal of the GPU at ``pci``, ``None`` when it is not visible."""
+        target = normalize_bdf(pci)
+        return next((n for n, g in enumerate(self.visible) if g.pci == target), None)
+
+
+def cuda_ordinals(gpus: Sequence[NvmlGpu], environ: Mapping[str, str] | None = None
+                  ) -> CudaOrdinals:
+    """Map CUDA ordinals to NVML's GPUs as the CUDA runtime does.
+
+    Without ``CUDA_VISIBLE_DEVICES`` every GPU is visible. The enumeration order is PCI bus
+    order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; CUDA's default ``FASTEST_FIRST`` puts
+    faster GPUs first and is PCI order among equal ones, so it is PCI order when every GPU
+    is the same model (otherwise a note says the order is a guess).
+    ``CUDA_VISIBLE_DEVICES`` lists indexes into that order or ``GPU-<uuid>`` (a unique
+    prefix is enough); the first entry that matches nothing, or repeats one, ends the list
+    as in CUDA; ``MIG-...`` instances are noted and left out (NVML here lists whole GPUs).
+    """
+    env = os.environ if environ is None else environ
+    order = sorted(gpus, key=lambda g: g.pci)
+    notes: list[str] = []
+    if env.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID":
+        models = {g.name for g in order}
+        if len(models) > 1:
+            notes.append("CUDA_DEVICE_ORDER is FASTEST_FIRST over mixed GPU models: the "
+                         "ordinals assume PCI order (set CUDA_DEVICE_ORDER=PCI_BUS_ID)")
+    raw = env.get("CUDA_VISIBLE_DEVICES")
+    if raw is None:
+        return CudaOrdinals(tuple(order), (), tuple(notes))
+    if not raw.strip():
+        return CudaOrdinals((), tuple(order), tuple(notes))  # "": no GPU for this process
+    visible: list[NvmlGpu] = []
+    for entry in (e.strip() for e in raw.split(",")):
+        found = _visible_entry(entry, order)
+        if isinstance(found, str):
+            notes.append(found)
+            break
+        if found in visible:
+            notes.append(f"CUDA_VISIBLE_DEVICES repeats {entry!r}: CUDA stops there")
+            break
+        visible.append(found)
+    hidden = tuple(g for g in order if g not in visible)
+    return CudaOrdinals(tuple(visible), hidden, tuple(notes))
+
+
+def _visible_entry(entry: str, order: Sequence[NvmlGpu]) -> NvmlGpu | str:
+    """The GPU one ``CUDA_VISIBLE_DEVICES`` entry names, or why it ends the list."""
+    if not entry:
+        return "CUDA_VISIBLE_DEVICES has an empty entry: CUDA stops there"
+    if entry.isdigit():
+        index = int(entry)
+        if index < len(order):
+            return order[index]
+        return f"CUDA_VISIBLE_DEVICES names GPU {index}, but only {len(order)} exist"
+    if entry.upper().startswith("MIG-"):
+        return f"CUDA_VISIBLE_DEVICES names a MIG instance ({entry}): not mapped to a GPU"
+    wanted = entry if entry.upper().startswith("GPU-") else f"GPU-{entry}"
+    matches = [g for g in order if g.uuid and g.uuid.lower().startswith(wanted.lower())]
+    if len(matches) == 1:
+        return matches[0]
+    why = "matches no GPU" if not matches else "is ambiguous"
+    return f"CUDA_VISIBLE_DEVICES entry {entry!r} {why}: CUDA stops there"

@@ -210,6 +210,8 @@ class RdmaTransport(Transport):
         rr = self._rr
         for slot, lbuf, lrel, bi, trel, _toff, length in items:
             pairs = self._pairs_cached(target, lbuf, bi)
+            if self._paused:
+                pairs = self._healthy(pairs)
             if not pairs:
                 for _ in range(-(-length // slice_bytes)):
                     batch.settle([slot], path="rdma", failure=SETTLE_FAILED,
@@ -251,6 +253,12 @@ class RdmaTransport(Transport):
         if pairs is None:
             pairs = cache[(lbuf, bi)] = self._pairs(lbuf, target.info.rdma[bi])
         return pairs
+
+    def _healthy(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``pairs`` without the paused ones (all of them when every pair is paused)."""
+        now = time.monotonic()
+        healthy = [p for p in pairs if self._paused.get(p, 0.0) <= now]
+        return healthy or pairs
 
     def _reroute(self, sl: Slice, cause: str, timeout: bool) -> None:
         """A slice failed on a pair: retry it on another one, or settle it."""
