@@ -74,6 +74,10 @@ class RdmaOptions:
         gpu_memory: how GPU buffers are exposed: ``auto`` (dma-buf MR, else a plain MR
             through nvidia_peermem, else staged through host memory), ``dmabuf``,
             ``peermem`` or ``staged``.
+        cuda: the CUDA driver gateway for dma-buf exports (``None``: libcuda through
+            ctypes); a :class:`~kvctl.transfer.transports.rdma.memory.CudaGateway`.
+        peermem: whether plain MRs reach GPU memory (``None``: whether ``nvidia_peermem``
+            is loaded).
     """
 
     nics: tuple[str, ...] = ()
@@ -88,6 +92,8 @@ class RdmaOptions:
     ranking: Ranking | None = None
     bounce_bytes: int = 8 << 20
     gpu_memory: str = "auto"
+    cuda: Any = None
+    peermem: bool | None = None
 
     def check(self) -> None:
         """Validate every setting up front.

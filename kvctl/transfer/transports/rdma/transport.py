@@ -106,9 +106,10 @@ class RdmaTransport(Transport):
         self.slice_bytes = min(options.slice_bytes, *(p.max_msg_bytes for p in self.ports))
         first_nic = next(iter(self._nics.values()))
         self._access = access_flags(first_nic)
-        self._registry = MemoryRegistry(self._nics, self._access, verbs.Error,
-                                        gpu_memory=options.gpu_memory, cuda=cuda,
-                                        peermem=peermem)
+        self._registry = MemoryRegistry(
+            self._nics, self._access, verbs.Error, gpu_memory=options.gpu_memory,
+            cuda=cuda if cuda is not None else options.cuda,
+            peermem=peermem if peermem is not None else options.peermem)
         self._ranking = options.ranking
         self._ranking_read = options.ranking is not None or len(self._nics) < 2
         self._server: ExchangeServer | None = None
