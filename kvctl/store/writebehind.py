@@ -16,15 +16,18 @@ writes fail, or the queue holds more than ``max_backlog`` changes, the master re
 puts (:meth:`MetadataState.refusal`). A stalled etcd thus slows durability, never reads.
 
 Loading reads etcd in pages (``page_size`` keys per range request, every page at the
-revision of the first), so each request's timeout is sized to one page, whatever the
-store holds. Other metadata services (``memory://``, ``file://``, ``http://``,
+revision of the first, the next page fetched while one is decoded), each request with a
+timeout of ``load_timeout_s`` sized to a page, not the 2 s of a change, whatever the store
+holds. Other metadata services (``memory://``, ``file://``, ``http://``,
 ``redis://``) are written one change at a time by the same writer threads and loaded in
 one listing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +39,8 @@ from kvctl.store.statebase import JournalEntry, NodeRecord, ObjectRecord, StateB
 
 _log = logging.getLogger("kvctl.store.state")
 
+#: Largest page when loading (keys per range request).
+MAX_PAGE = 100_000
 #: One change: full key, value (``None``: delete).
 Change = tuple[str, bytes | None]
 
@@ -54,6 +59,7 @@ class MetadataState(StateBackend):
         ack_timeout_s: how long an acknowledgement waits for its changes, seconds.
         max_backlog: queued changes past which new puts are refused.
         page_size: keys per range request when loading.
+        load_timeout_s: per range request when loading, seconds.
     """
 
     #: Longest pause between attempts while the service refuses writes, seconds.
@@ -63,11 +69,14 @@ class MetadataState(StateBackend):
                  timeout_s: float = 2.0, max_txn_ops: int = 128,
                  max_txn_bytes: int = 1 << 20, inflight: int = 2,
                  ack_timeout_s: float = 10.0, max_backlog: int = 262_144,
-                 page_size: int = 2000) -> None:
+                 page_size: int = 10_000, load_timeout_s: float = 120.0) -> None:
         from kvctl.transfer.metadata import key_prefix, open_metadata
         from kvctl.transfer.metadata.etcd import EtcdMetadata
 
         self.description = f"metadata {url}"
+        self._url = url
+        self._token = token
+        self._load_timeout_s = load_timeout_s
         self._client = open_metadata(url, token=token, timeout_s=timeout_s)
         self._etcd = self._client if isinstance(self._client, EtcdMetadata) else None
         self._prefix = key_prefix(cluster_id) + "store/"
@@ -97,26 +106,69 @@ class MetadataState(StateBackend):
     # ------------------------------------------------------------------ load
 
     def _entries(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        from kvctl.transfer.metadata import MetadataError
+        from kvctl.transfer.metadata import MetadataError, open_metadata
+        from kvctl.transfer.metadata.etcd import EtcdMetadata
 
-        etcd = self._etcd
         try:
-            if etcd is None:
+            if self._etcd is None:
                 yield from self._client.list(prefix).items()
                 return
-            after: str | None = None
-            revision = 0
-            while True:
-                page, more, revision = etcd.list_page(prefix, after=after,
-                                                      limit=self._page_size, revision=revision)
-                yield from page
-                if not more or not page:
-                    return
-                after = page[-1][0]
+            # Pages get a client of their own whose timeout is sized to a page: etcd 3.4
+            # counts every key left in the range on each request, so early pages of a
+            # large store take longer than a single change ever does.
+            loader = open_metadata(self._url, token=self._token,
+                                   timeout_s=self._load_timeout_s)
         except MetadataError as exc:
             raise StoreUnavailableError(
                 f"master state {self.description}: loading {prefix} failed: {exc.cause}",
                 exc.hint or "check that the metadata service is running") from exc
+        if not isinstance(loader, EtcdMetadata):  # pragma: no cover - same URL as _client
+            loader.close()
+            raise StoreUnavailableError(f"master state {self.description}: not etcd",
+                                        "use an etcd:// URL")
+        pages: queue.Queue[tuple[list[tuple[str, bytes]], MetadataError | None]] = \
+            queue.Queue(maxsize=2)
+        stop = threading.Event()
+
+        def fetch() -> None:  # the next page comes while this one is decoded
+            after: str | None = None
+            revision = 0
+            limit = self._page_size
+            try:
+                while not stop.is_set():
+                    page = loader.list_page(prefix, after=after, limit=limit,
+                                            revision=revision)
+                    pages.put((list(page.entries), None))
+                    if not page.more or not page.entries:
+                        break
+                    if not revision:  # about 20 pages in all: each one counts the rest
+                        limit = max(limit, min(MAX_PAGE, page.remaining // 20))
+                    revision = page.revision
+                    after = page.entries[-1][0]
+            except MetadataError as exc:
+                pages.put(([], exc))
+                return
+            pages.put(([], None))
+
+        fetcher = threading.Thread(target=fetch, name="kvctl-state-loader", daemon=True)
+        fetcher.start()
+        try:
+            while True:
+                page, error = pages.get()
+                if error is not None:
+                    raise StoreUnavailableError(
+                        f"master state {self.description}: loading {prefix} failed: "
+                        f"{error.cause}",
+                        error.hint or "check that the metadata service is running") from error
+                if not page:
+                    return
+                yield from page
+        finally:
+            stop.set()
+            while fetcher.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    pages.get(timeout=0.1)
+            loader.close()
 
     def replay(self) -> Iterator[JournalEntry]:
         decoder = msgspec.msgpack.Decoder(JournalEntry)

@@ -20,6 +20,7 @@ import base64
 import binascii
 import builtins
 import contextlib
+import dataclasses
 import json
 import math
 import threading
@@ -52,6 +53,23 @@ def prefix_range_end(prefix: bytes) -> bytes:
         return b"\0"
     end[-1] += 1
     return bytes(end)
+
+
+@dataclasses.dataclass(frozen=True)
+class EtcdPage:
+    """One page of a range read (:meth:`EtcdMetadata.list_page`).
+
+    Attributes:
+        entries: ``(key, value)`` pairs in key order.
+        more: whether keys follow this page.
+        revision: the store revision the page was read at.
+        remaining: keys in the range from this page's first on (etcd counts them all).
+    """
+
+    entries: Sequence[tuple[str, bytes]]
+    more: bool
+    revision: int
+    remaining: int
 
 
 class EtcdMetadata(MetadataClient):
@@ -91,12 +109,11 @@ class EtcdMetadata(MetadataClient):
         return dict(sorted(found.items()))
 
     def list_page(self, prefix: str, *, after: str | None = None, limit: int = 1000,
-                  revision: int = 0) -> tuple[Sequence[tuple[str, bytes]], bool, int]:
+                  revision: int = 0) -> EtcdPage:
         """One page of the keys under ``prefix`` in key order: at most ``limit`` entries
         after the key ``after`` (from the first when ``None``), read at ``revision`` (0:
-        the newest; pass the revision returned by the first page to read every page from
-        the same moment). Returns the entries, whether more follow, and the revision read.
-        """
+        the newest; pass the revision of the first page to read every page at one
+        moment)."""
         start = prefix.encode() if after is None else after.encode() + b"\0"
         request: dict[str, Any] = {"key": _b64(start or b"\0"),
                                    "range_end": _b64(prefix_range_end(prefix.encode())),
@@ -107,7 +124,8 @@ class EtcdMetadata(MetadataClient):
         entries = [(self._unb64(kv.get("key", "")).decode("utf-8", errors="replace"),
                     self._unb64(kv.get("value", ""))) for kv in answer.get("kvs") or []]
         read_at = int((answer.get("header") or {}).get("revision", revision) or 0)
-        return entries, bool(answer.get("more")), read_at
+        return EtcdPage(entries, bool(answer.get("more")), read_at,
+                        int(answer.get("count", len(entries)) or 0))
 
     def write_batch(self, changes: Sequence[tuple[str, bytes | None]]) -> None:
         """Puts (a value) and deletes (``None``) of distinct keys in one transaction: all
