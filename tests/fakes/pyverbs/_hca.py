@@ -116,6 +116,9 @@ class HostSpec:
         delay_s: the responder waits this long before serving each request.
         peermem: plain MRs over (fake) GPU memory work, as with nvidia_peermem loaded;
             without it they fail with EFAULT and only dma-buf MRs reach GPU memory.
+        instant: every WR completes successfully the moment it is posted and no byte
+            moves (to measure the caller's own cost per WR and per completion); real
+            pyverbs SendWR objects may then be posted.
     """
 
     fabric: str
@@ -126,6 +129,7 @@ class HostSpec:
     list_error: bool = False
     delay_s: float = 0.0
     peermem: bool = False
+    instant: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

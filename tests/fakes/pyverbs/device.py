@@ -51,6 +51,7 @@ class Context:
             raise PyverbsRDMAError(f"Failed to find device {name}")
         self.name = name
         self.spec = spec
+        self.instant = host.instant
         self.pds: weakref.WeakSet[Any] = weakref.WeakSet()
         self.cqs: weakref.WeakSet[Any] = weakref.WeakSet()
         self.qps: weakref.WeakSet[Any] = weakref.WeakSet()

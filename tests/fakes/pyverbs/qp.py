@@ -262,10 +262,16 @@ class QP:
             if len(self.posted) >= self.cap.max_send_wr:
                 raise rdma_error("Failed to post send", errno.ENOMEM)
             self.seq += 1
-            posted = PostedWr(self.seq, wr.wr_id, wr.opcode,
-                              self.sq_sig_all or bool(wr.send_flags & e.IBV_SEND_SIGNALED),
-                              list(wr.sg_list), wr.rkey, wr.remote_addr, self.epoch)
+            signaled = self.sq_sig_all or bool(wr.send_flags & e.IBV_SEND_SIGNALED)
+            if self.context.instant:  # a real pyverbs SendWR may be posted here
+                posted = PostedWr(self.seq, wr.wr_id, wr.opcode, signaled, [], 0, 0, self.epoch)
+            else:
+                posted = PostedWr(self.seq, wr.wr_id, wr.opcode, signaled, list(wr.sg_list),
+                                  wr.rkey, wr.remote_addr, self.epoch)
             self.posted.append(posted.seq)
+        if self.context.instant:
+            self.complete(posted, e.IBV_WC_SUCCESS, error=False)
+            return
         self.engine.jobs.put(posted)
 
     def complete(self, wr: PostedWr, status: int, *, error: bool) -> None:
