@@ -448,3 +448,19 @@ def test_token_guards_the_qp_exchange(fabric: Fabric) -> None:
             assert sock.recv(33)[0] & 1  # token required
             sock.sendall(bytes(32))
             assert sock.recv(1) == b"\1"
+
+
+def test_item9_default_ranking_is_topos() -> None:
+    """Item 9: with kvctl topo's ranking of an 8-NIC host, a GPU buffer uses its PIX NIC
+    and host memory its NUMA node's NICs."""
+    from kvctl.topo.recorded import load_recorded
+    from kvctl.transfer.transports.rdma.devices import NicPort, order_for, topo_ranking
+
+    topology = load_recorded(Path(__file__).resolve().parents[2] / "examples" / "hosts"
+                             / "h100-8gpu.tar.gz")
+    ranking = topo_ranking(topology)
+    ports = [NicPort(f"mlx5_{k}", 1, "InfiniBand", k + 1, "", None, None, 5, 1 << 30)
+             for k in range(8)]
+    assert [p.name for p in order_for("cuda:5", ports, ranking)] == ["mlx5_5:1"]
+    assert [p.name for p in order_for("cpu:1", ports, ranking)] == [
+        "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_7:1"]

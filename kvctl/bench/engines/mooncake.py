@@ -30,7 +30,7 @@ import logging
 import mmap
 import multiprocessing.connection
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from kvctl.bench.child import ChildProcess, serve_until_stopped
@@ -100,6 +100,31 @@ def installed_transport(topology_json: str, env: Mapping[str, str]) -> str:
     return "rdma" if hcas else "tcp"
 
 
+def device_filter(transport: str, env: Mapping[str, str], ranked: Sequence[str]) -> str:
+    """Mooncake's ``device_name`` (a comma list of HCAs; empty: every HCA it finds):
+    ``MOONCAKE_DEVICE`` when set, else for ``rdma``/``auto`` the RDMA NICs ``kvctl topo``
+    ranks first for the buffers (host memory here), else empty."""
+    if env.get("MOONCAKE_DEVICE"):
+        return env["MOONCAKE_DEVICE"]
+    if transport == "tcp":
+        return ""
+    return ",".join(dict.fromkeys(name.partition(":")[0] for name in ranked))
+
+
+def _ranked_hcas(location: str = "cpu:0") -> list[str]:
+    """The RDMA NICs topo ranks first for ``location`` on this host (empty if unreadable)."""
+    from kvctl.errors import KvctlError
+    from kvctl.transfer.transports.rdma.devices import best_rdma_ports, live_topology
+
+    topology = live_topology()
+    if topology is None:
+        return []
+    try:
+        return best_rdma_ports(topology, location)
+    except KvctlError:
+        return []
+
+
 def _new_engine(transport: str, host: str) -> tuple[Any, str]:
     """A Mooncake engine initialised at ``host`` for ``transport``, and what it installed.
 
@@ -114,11 +139,16 @@ def _new_engine(transport: str, host: str) -> tuple[Any, str]:
         os.environ.pop("MC_FORCE_TCP", None)
     os.environ["MC_TCP_BIND_ADDRESS"] = host
     protocol = _PROTOCOLS[transport]
+    devices = device_filter(transport, os.environ,
+                            [] if transport == "tcp" else _ranked_hcas())
+    if devices:
+        _log.info("Mooncake device_name %s (topo's ranking for host memory, or "
+                  "MOONCAKE_DEVICE)", devices)
     engine = module.TransferEngine()
-    rc = engine.initialize(host, "P2PHANDSHAKE", protocol, "")
+    rc = engine.initialize(host, "P2PHANDSHAKE", protocol, devices)
     if rc != 0:
-        raise MooncakeError(f"Mooncake initialize({host}, P2PHANDSHAKE, {protocol}) "
-                            f"returned {rc}", _HINT)
+        raise MooncakeError(f"Mooncake initialize({host}, P2PHANDSHAKE, {protocol}, "
+                            f"{devices!r}) returned {rc}", _HINT)
     used = installed_transport(engine.get_local_topology(), os.environ)
     if transport == "rdma" and used != "rdma":
         raise UnavailableError("Mooncake rdma unavailable: it found no active RDMA device "

@@ -34,7 +34,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, NoReturn
 
 from kvctl.bench.child import ChildProcess, serve_until_stopped
@@ -98,14 +98,35 @@ def _ucx_env(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _ucx_settings(tls: str | None, host: str) -> dict[str, str | None]:
-    """``UCX_TLS``, and across hosts ``UCX_NET_DEVICES`` = the interface holding ``host``."""
+def _ucx_settings(tls: str | None, host: str, rdma_ports: Sequence[str] | None = None
+                  ) -> dict[str, str | None]:
+    """``UCX_TLS``, and across hosts ``UCX_NET_DEVICES``: the interface holding ``host``,
+    after (with UCX's own transport choice) the RDMA ports ``kvctl topo`` ranks first for
+    host memory, so UCX may use them (``mlx5_0:1``) rather than only TCP."""
     values: dict[str, str | None] = {"UCX_TLS": tls}
     if not is_loopback(host) and "UCX_NET_DEVICES" not in os.environ:
+        devices: list[str] = []
+        if tls is None:
+            devices += list(rdma_ports if rdma_ports is not None else _ranked_rdma_ports())
         device = interface_of(host)
         if device is not None:
-            values["UCX_NET_DEVICES"] = device
+            devices.append(device)
+        if devices:
+            values["UCX_NET_DEVICES"] = ",".join(devices)
     return values
+
+
+def _ranked_rdma_ports(location: str = "cpu:0") -> list[str]:
+    """``device:port`` of the RDMA NICs topo ranks first for ``location`` (empty if none)."""
+    from kvctl.transfer.transports.rdma.devices import best_rdma_ports, live_topology
+
+    topology = live_topology()
+    if topology is None:
+        return []
+    try:
+        return best_rdma_ports(topology, location)
+    except KvctlError:
+        return []
 
 
 _HINT = "check UCX on this host (ucx_info -d) or try another --transport"

@@ -404,34 +404,59 @@ class NicContext:
             _log.warning("closing %s: %s", self.name, first)
 
 
-def topo_ranking() -> Ranking | None:
-    """``kvctl topo``'s choice of RDMA NICs for each location of this host (sysfs, NVML and
-    verbs): the ACTIVE NICs tied for first place, else every NIC best first. ``None`` when
-    the topology cannot be read."""
+def live_topology() -> Any:
+    """This host's topology (sysfs, NVML, verbs) as ``kvctl topo`` reads it, or ``None``
+    when it cannot be read (logged)."""
     from kvctl.errors import KvctlError
     from kvctl.probe.nvml import PynvmlBackend
     from kvctl.probe.sysfs import SysfsReader
     from kvctl.topo.build import discover
-    from kvctl.topo.model import NicKind
-    from kvctl.topo.rank import best_nics, preferred_nics
 
     nvml = PynvmlBackend()
     try:
-        topology = discover(SysfsReader("/"), nvml, RecordedVerbs(PyverbsBackend().query()))
+        return discover(SysfsReader("/"), nvml, RecordedVerbs(PyverbsBackend().query()))
     except (KvctlError, OSError) as exc:
         _log.info("RDMA NIC ranking: topology unreadable (%s); NICs used in name order", exc)
         return None
     finally:
         nvml.close()
 
+
+def topo_ranking(topology: Any = None) -> Ranking | None:
+    """``kvctl topo``'s choice of RDMA NICs for each location (``topology``, or this host's):
+    the ACTIVE NICs tied for first place, else every NIC best first. ``None`` when the
+    topology cannot be read."""
+    from kvctl.errors import KvctlError
+    from kvctl.topo.model import NicKind
+    from kvctl.topo.rank import preferred_nics
+
+    topo = topology if topology is not None else live_topology()
+    if topo is None:
+        return None
+
     def rank(location: str) -> Sequence[str]:
         try:
-            return (best_nics(topology, location, kind=NicKind.RDMA)
-                    or preferred_nics(topology, location, kind=NicKind.RDMA))
+            return (best_rdma_ports(topo, location)
+                    or preferred_nics(topo, location, kind=NicKind.RDMA))
         except KvctlError:
             return ()
 
     return rank
+
+
+def best_rdma_ports(topology: Any, location: str) -> list[str]:
+    """``device:port`` of the ACTIVE RDMA NICs ``kvctl topo`` ranks first for ``location``
+    (what its env export puts in ``UCX_NET_DEVICES``); empty when there is none.
+
+    Raises:
+        UsageError, NotFoundError: ``location`` is malformed or not on this host.
+    """
+    from kvctl.topo.model import NicKind
+    from kvctl.topo.rank import best_nics, nic_ports
+
+    names = best_nics(topology, location, kind=NicKind.RDMA)
+    by_name = {n.name: n for n in topology.nics}
+    return [f"{name}:{port}" for name in names for port in nic_ports(by_name[name])]
 
 
 def order_for(location: str, ports: Sequence[NicPort], ranking: Ranking | None) -> list[NicPort]:
