@@ -1,15 +1,16 @@
 """A child process for two-process RDMA tests: a target engine on its own fake host.
 
-Run as ``python -m tests.fakes.rdma_peer METADATA_URL SEGMENT SIZE RUN [TOKEN]`` with
-``KVCTL_PYVERBS`` and ``FAKE_PYVERBS_CONFIG`` set. It registers ``SEGMENT`` (shm, filled
-with the test pattern of ``RUN``), prints ``READY <json of the rdma ports>``, then serves
-until a line arrives on stdin: ``check RUN2 OFFSET LENGTH`` answers ``MATCH`` or
-``MISMATCH`` for the pattern of ``RUN2`` at that range; ``quit`` closes the engine and
-prints ``BYE <leftover verbs resources as JSON>``.
+Run as ``python -m tests.fakes.rdma_peer METADATA_URL SEGMENT SIZE RUN [--token T]
+[--listen HOST:PORT]`` with ``KVCTL_PYVERBS`` and ``FAKE_PYVERBS_CONFIG`` set. It
+registers ``SEGMENT`` (shm, filled with the test pattern of ``RUN``), prints ``READY <json
+of the rdma ports>``, then serves until a line arrives on stdin: ``check RUN2 OFFSET
+LENGTH`` answers ``MATCH`` or ``MISMATCH`` for the pattern of ``RUN2`` at that range;
+``quit`` closes the engine and prints ``BYE <leftover verbs resources as JSON>``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -19,9 +20,17 @@ from tests.transfer._helpers import pattern
 
 
 def main(argv: list[str]) -> int:
-    url, segment, size, run = argv[0], argv[1], int(argv[2]), int(argv[3])
-    token = argv[4] if len(argv) > 4 else None
-    engine = TransferEngine(f"{segment}-engine", url, transport="rdma", token=token)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("segment")
+    parser.add_argument("size", type=int)
+    parser.add_argument("run", type=int)
+    parser.add_argument("--token")
+    parser.add_argument("--listen")
+    args = parser.parse_args(argv)
+    url, segment, size, run = args.url, args.segment, args.size, args.run
+    engine = TransferEngine(f"{segment}-engine", url, transport="rdma", token=args.token,
+                            listen=args.listen)
     try:
         engine.register_segment(segment, size)
         engine.local_view(segment)[:] = pattern(run, 0, 0, size)

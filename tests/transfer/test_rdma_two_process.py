@@ -56,7 +56,7 @@ def peer_factory(fabric: Fabric, tmp_path: Path) -> Iterator[object]:
                               fabric.device("mlx5_1", "10.0.1.2", subnet=subnet),
                               retry_s=0.01)
         args = [sys.executable, "-m", "tests.fakes.rdma_peer", url, segment, str(size),
-                str(run), *([token] if token else [])]
+                str(run), *(["--token", token] if token else [])]
         proc = subprocess.Popen(args, env=fabric.child_env(config), text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
