@@ -21,7 +21,7 @@ from typing import Any, Self
 from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.spec import parse_location
 from kvctl.errors import ExitCode, KvctlError
-from kvctl.net.advertise import check_reachable, host_of
+from kvctl.net.advertise import check_reachable, host_of, warn_unresolvable
 from kvctl.net.bind import parse_listen
 
 _log = logging.getLogger("kvctl.bench")
@@ -94,6 +94,7 @@ class BenchTarget:
 
         spec = self.spec
         location = parse_location(spec.location, what="remote location")
+        warn_unresolvable(spec.advertise, "the bench target")
         host, port = parse_listen(spec.listen)
         try:
             if spec.metadata is None:

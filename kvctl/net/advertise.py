@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import socket
 from collections.abc import Callable, Mapping, Sequence
 
@@ -18,6 +19,8 @@ import psutil
 
 from kvctl.errors import UsageError
 from kvctl.net.bind import LOOPBACK, is_loopback, is_unspecified, parse_listen
+
+_log = logging.getLogger("kvctl.net")
 
 #: interface name -> (family, address) pairs of the interfaces that are up.
 Interfaces = Callable[[], Mapping[str, Sequence[tuple[int, str]]]]
@@ -154,3 +157,14 @@ def check_reachable(peer_host: str | None, listen: str, advertise: Sequence[str]
             "another host: they could not connect",
             f"drop {flag} (it then listens on the address that routes to {peer_host}), give "
             f"{flag} 0.0.0.0:0 or this host's address, or add --advertise HOST")
+
+
+def warn_unresolvable(hosts: Sequence[str], what: str) -> None:
+    """Log a warning for each advertised host name this host cannot resolve (peers likely
+    cannot either: a typo, or a name only some resolvers know)."""
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host_of(host), None)
+        except OSError:
+            _log.warning("%s advertises %s, which does not resolve here: peers that cannot "
+                         "resolve it will not reach it (give an address)", what, host_of(host))

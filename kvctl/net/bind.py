@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 
 from kvctl.errors import UsageError
 
@@ -38,6 +39,11 @@ def is_loopback(host: str) -> bool:
 def is_unspecified(host: str) -> bool:
     """``0.0.0.0``, ``::`` or empty: bound to every interface."""
     return host.strip("[]") in ("", "0.0.0.0", "::")
+
+
+def address_family(host: str) -> socket.AddressFamily:
+    """``AF_INET6`` for an IPv6 literal (``::``, ``::1``), else ``AF_INET``."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
 def announce_bind(kind: str, host: str, port: int) -> None:

@@ -5,9 +5,11 @@ descriptors, and connections that have not proved anything yet kept few and shor
   (a listener that stops accepting for good turns a burst of connections into an outage);
   it returns ``None`` only when the listener itself is closed.
 - :class:`PendingLimit` bounds connections that have not authenticated (or, without a
-  token, not finished their first request): past the bound the *oldest* of them is cut, so
-  a flood of idle or slow-drip sockets never locks out a peer that logs in at once, and
-  each gets a deadline for the whole handshake, not per ``recv``.
+  token, not finished their first request): one peer address may hold at most half of them
+  (past that its own oldest is cut), past the total bound the *oldest* is cut, so a flood
+  of idle or slow-drip sockets from one host neither locks out a peer on another nor one
+  that logs in at once from the same host; each gets a deadline for the whole handshake,
+  not per ``recv``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
+from typing import Any
 
 _log = logging.getLogger("kvctl.net")
 
@@ -31,7 +34,7 @@ PAUSE_MAX_S = 1.0
 
 
 def accept(listener: socket.socket, what: str, *,
-           closed: threading.Event | None = None) -> tuple[socket.socket, object] | None:
+           closed: threading.Event | None = None) -> tuple[socket.socket, Any] | None:
     """The next connection of ``listener``; ``None`` once it is closed (or ``closed`` set).
 
     Out of descriptors or memory, it waits (10 ms doubling to 1 s) and tries again, logging
@@ -72,7 +75,10 @@ class PendingLimit:
         self.max_pending = max_pending
         self.what = what
         self.deadline_s = deadline_s
+        self.max_per_peer = max(1, max_pending // 2)
         self._pending: OrderedDict[socket.socket, float] = OrderedDict()
+        self._peer_of: dict[socket.socket, str] = {}
+        self._per_peer: dict[str, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -84,7 +90,7 @@ class PendingLimit:
             with self._lock:
                 late = [c for c, since in self._pending.items() if since < limit]
                 for conn in late:
-                    del self._pending[conn]
+                    self._forget(conn)
                 self.cut += len(late)
             for conn in late:
                 with contextlib.suppress(OSError):
@@ -97,17 +103,44 @@ class PendingLimit:
         """Stop the sweeper (pending connections are left to their listener). Idempotent."""
         self._stop.set()
 
-    def admit(self, conn: socket.socket) -> None:
-        """Count ``conn`` as pending; cut the oldest pending one if that makes too many."""
+    def _forget(self, conn: socket.socket) -> None:
+        """Drop ``conn`` from the books (lock held)."""
+        self._pending.pop(conn, None)
+        peer = self._peer_of.pop(conn, None)
+        if peer is not None:
+            left = self._per_peer.get(peer, 1) - 1
+            if left > 0:
+                self._per_peer[peer] = left
+            else:
+                self._per_peer.pop(peer, None)
+
+    def admit(self, conn: socket.socket, peer: str = "") -> None:
+        """Count ``conn`` (from address ``peer``) as pending. If ``peer`` then holds more
+        than its share, its own oldest pending connection is cut; if all peers together
+        hold too many, the oldest of all is."""
         victims: list[socket.socket] = []
         with self._lock:
+            if conn in self._pending:  # pending again (between requests): keep its books
+                self._pending.move_to_end(conn)
+                self._pending[conn] = time.monotonic()
+                return
+            if peer and self._per_peer.get(peer, 0) >= self.max_per_peer:
+                # that address alone holds half the room: it gives way, not everyone else
+                own = next(c for c in self._pending if self._peer_of.get(c) == peer)
+                self._forget(own)
+                victims.append(own)
+                self.cut += 1
             if self._sweeper is None and not self._stop.is_set():
                 self._sweeper = threading.Thread(target=self._sweep, daemon=True,
                                                  name="kvctl-pending-sweep")
                 self._sweeper.start()
             self._pending[conn] = time.monotonic()
+            if peer:
+                self._peer_of[conn] = peer
+                self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
             while len(self._pending) > self.max_pending:
-                oldest, _ = self._pending.popitem(last=False)
+                oldest = next(iter(self._pending))
+                self._forget(oldest)
                 victims.append(oldest)
                 self.cut += 1
         for victim in victims:
@@ -120,7 +153,7 @@ class PendingLimit:
     def trusted(self, conn: socket.socket) -> None:
         """``conn`` authenticated (or finished its first request): no longer pending."""
         with self._lock:
-            self._pending.pop(conn, None)
+            self._forget(conn)
 
     def pending(self) -> int:
         """Connections pending right now."""

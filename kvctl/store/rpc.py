@@ -60,6 +60,8 @@ def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
 GREETING_WAIT_S = 1.0
 #: How long a foreign server may take to answer the probe, seconds.
 PROBE_WAIT_S = 1.0
+#: How long, in all, a silent server is waited for before it is called stalled, seconds.
+STALLED_WAIT_S = 8.0
 
 
 def _connect(address: str, host: str, port: int, timeout_s: float) -> socket.socket:
@@ -88,9 +90,11 @@ def _await_greeting(sock: socket.socket, address: str, timeout_s: float) -> bool
     greeting_s, probe_s = min(GREETING_WAIT_S, timeout_s), min(PROBE_WAIT_S, timeout_s)
     if _readable(sock, greeting_s):
         return True
+    stalled_s = max(0.0, min(STALLED_WAIT_S, timeout_s) - greeting_s - probe_s)
     try:
         sock.sendall(CORO_RPC_PROBE)
-        answer = sock.recv(64, socket.MSG_PEEK) if _readable(sock, probe_s) else None
+        answer = (sock.recv(64, socket.MSG_PEEK)
+                  if _readable(sock, probe_s) or _readable(sock, stalled_s) else None)
     except OSError:
         answer = b""
     if answer and answer[:4] == p.MAGIC[:len(answer[:4])]:
@@ -100,8 +104,14 @@ def _await_greeting(sock: socket.socket, address: str, timeout_s: float) -> bool
             f"{address} speaks another protocol (looks like mooncake_master's RPC); "
             "for Mooncake use --backend mooncake",
             "or pass --master HOST:PORT of a kvctl store master (kvctl store serve/master)")
-    what = (f"sent no greeting within {greeting_s + probe_s:g} s" if answer is None
-            else "closed the connection" if not answer else f"answered {answer[:8]!r}")
+    if answer is None:  # accepted, then silence: a stopped or swamped process
+        waited = greeting_s + probe_s + stalled_s
+        raise StoreUnavailableError(
+            f"store master at {address} accepted the connection but said nothing for "
+            f"{waited:g} s: it is stalled (stopped, overloaded) or not a kvctl store master",
+            "check the process listening there (a SIGSTOPped master answers once resumed); "
+            "for Mooncake use --backend mooncake")
+    what = "closed the connection" if not answer else f"answered {answer[:8]!r}"
     raise ProtocolError(f"{address} is not a kvctl store master (it {what})",
                         "pass --master HOST:PORT of a kvctl store master "
                         "(kvctl store serve/master)")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from kvctl.net import auth
-from kvctl.net.bind import announce_bind
+from kvctl.net.bind import address_family, announce_bind, is_unspecified
 from kvctl.net.framing import (
     ConnectionClosedError,
     FrameError,
@@ -108,7 +108,10 @@ class MasterServer:
         #: the most object bytes sent behind one get reply (0 until :meth:`serve_local`).
         self.attached_bytes = 0
         try:
-            self._sock = socket.create_server((host, port), backlog=128, reuse_port=False)
+            self._sock = socket.create_server((host, port), backlog=128, reuse_port=False,
+                                              family=address_family(host),
+                                              dualstack_ipv6=is_unspecified(host) and
+                                              ":" in host)
         except OSError as exc:
             raise StoreUnavailableError(
                 f"store master cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -163,7 +166,7 @@ class MasterServer:
             accepted = accept(self._sock, "store master", closed=self._stop)
             if accepted is None:
                 return
-            conn, _ = accepted
+            conn, peer = accepted
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A client that stops reading must not hold this thread (and, while attached
             # bytes are being sent, its node's memory) forever: the send fails and the
@@ -173,7 +176,7 @@ class MasterServer:
                 full = len(self._conns) >= self._max_conns
                 if not full:
                     self._conns.add(conn)
-                    self._pending.admit(conn)
+                    self._pending.admit(conn, str(peer[0]))
             if full:
                 codec = p.Codec(max_frame_bytes=self._max_frame)
                 with contextlib.suppress(OSError):

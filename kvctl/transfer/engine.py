@@ -571,6 +571,11 @@ class TransferEngine:
 
     def _resolve(self, name: str) -> RemoteSegment:
         info = self.lookup(name)
+        if self._token is None and info.auth:
+            raise AuthError(
+                f"segment {name!r} (engine {info.engine} at {', '.join(info.addresses)}) "
+                "requires a token, and this side has none",
+                "set the same KVCTL_TOKEN (or common.token) on both hosts")
         if self._token is not None and not info.auth:
             # One side configured, the other not: say so now, not as a late auth failure.
             raise AuthError(

@@ -23,7 +23,7 @@ from typing import cast
 
 from kvctl.errors import KvctlError, UnavailableError
 from kvctl.net import auth
-from kvctl.net.bind import announce_bind
+from kvctl.net.bind import address_family, announce_bind, is_unspecified
 from kvctl.net.framing import (
     FrameError,
     discard,
@@ -76,7 +76,10 @@ class TargetServer:
         self._token = token
         self.max_frame_bytes = max_frame_bytes
         try:
-            self._listener = socket.create_server((host, port), backlog=128)
+            self._listener = socket.create_server((host, port), backlog=128,
+                                                  family=address_family(host),
+                                                  dualstack_ipv6=is_unspecified(host) and
+                                                  ":" in host)
         except OSError as exc:
             raise UnavailableError(
                 f"cannot listen on {host}:{port}: {exc.strerror}",
@@ -135,7 +138,7 @@ class TargetServer:
                     conn.close()
                     continue
                 self._conns.add(conn)
-                self._pending.admit(conn)
+                self._pending.admit(conn, str(peer[0]))
                 self._threads = [t for t in self._threads if t.is_alive()]
                 thread = threading.Thread(target=self._serve, args=(conn, peer),
                                           name="kvctl-target-conn", daemon=True)

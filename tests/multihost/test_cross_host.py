@@ -178,3 +178,30 @@ def test_store_token_on_one_side_only_is_a_clear_error(nshosts: MakeHosts, who: 
         assert "token" in done.stderr.lower(), done.stderr
         assert "Hint:" in done.stderr
     assert elapsed < 30, elapsed
+
+
+def test_an_ipv6_wildcard_target_serves_ipv4_peers(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    proc = net[0].popen(["kvctl", "bench", "transfer", "--role", "target", "--listen",
+                         "[::]:7400", "--json", *SMALL])
+    info = read_json_doc(proc)
+    done = net[1].run(["kvctl", "bench", "transfer", "--role", "initiator", "--peer",
+                       f"{net[0].address}:7400", *SMALL, "-t", "tcp", "--iterations", "2",
+                       "--verify"], timeout=60)
+    stop(proc)
+    assert info["peer"] == f"{net[0].address}:7400"
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_initiator_keeps_its_own_buffers_off_the_network(nshosts: MakeHosts) -> None:
+    net = nshosts(2)
+    proc, info = _target(net[0], *SMALL, "--advertise", "no-such-host.invalid")
+    _, err = stop(proc)
+    assert b"does not resolve here" in err
+    proc, info = _target(net[0], *SMALL)
+    done = net[1].run(["kvctl", "bench", "transfer", "--role", "initiator", "--peer",
+                       info["peer"], *SMALL, "-t", "tcp", "--iterations", "2", "-v"],
+                      timeout=60)
+    stop(proc)
+    assert done.returncode == 0, done.stderr
+    assert "reachable from other hosts" not in done.stderr

@@ -194,3 +194,24 @@ def test_unread_notifications_are_bounded(monkeypatch: pytest.MonkeyPatch) -> No
         assert len(got) == 50
         assert target.notifications_dropped == 150
         assert got[-1].message.startswith(b"n199")  # the newest are kept
+
+
+def test_one_peer_holds_at_most_half_of_the_pending_room() -> None:
+    limit = PendingLimit(8, "test", deadline_s=30)
+    pairs = [socket.socketpair() for _ in range(12)]
+    try:
+        for ours, _ in pairs[:8]:
+            limit.admit(ours, "10.9.9.9")
+        assert limit.pending() == 4  # the flooder's share is 4 of 8: its oldest gave way
+        assert [theirs.recv(1) for _, theirs in pairs[:4]] == [b""] * 4
+        for ours, _ in pairs[8:]:
+            limit.admit(ours, "10.1.1.1")  # another host gets the other half, nothing cut
+        assert limit.pending() == 8
+        limit.admit(pairs[0][0], "10.9.9.9")  # the flood goes on: still only its own go
+        pairs[8][0].sendall(b"x")
+        assert pairs[8][1].recv(1) == b"x"
+    finally:
+        limit.close()
+        for a, b in pairs:
+            a.close()
+            b.close()

@@ -113,8 +113,11 @@ class KvctlDriver(EngineDriver):
         plan = self._require_plan()
         self._close_engine()
         tag = f"{os.getpid()}-{transport}"
+        # The initiator's own buffers are only ever local sides: its target server (started
+        # by registering them) stays on loopback, whatever host the metadata service is on.
         engine = TransferEngine(f"kvctl-bench-init-{tag}", metadata=self._metadata_url,
-                                transport=transport, timeout_s=plan.timeout_s, token=self.token)
+                                transport=transport, timeout_s=plan.timeout_s, token=self.token,
+                                listen="127.0.0.1:0", advertise=["127.0.0.1"])
         try:
             self._local_name = f"kvctl-bench-local-{tag}"
             if self._file_fd is not None and plan.local.path is not None:

@@ -117,7 +117,7 @@ class _Listener(ThreadingHTTPServer):
             if not full:
                 self.active.add(request)
         if not full:
-            self.pending.admit(request)
+            self.pending.admit(request, str(client_address[0]))
         if full:
             _log.warning("metadata server: refusing %s, %d connections already open",
                          client_address[0], self.owner.max_connections)
