@@ -311,7 +311,7 @@ class Agent:
             job = unseal(key, value, "job", Job, self.token)
             if job.job_id != job_id or job.host != self.hostname:
                 raise UsageError(f"{key} holds job {job.job_id} for {job.host}",
-                                 "jobs are written by kvctl cluster commands only")
+                                 "only the cluster commands of kvctl write jobs")
             if job.kind not in self.handlers:
                 raise UsageError(f"job kind {job.kind!r} is not served by {self.hostname}",
                                  f"this agent serves {', '.join(sorted(self.handlers))}")

@@ -424,7 +424,7 @@ class _Run:
                               time.monotonic() - t.started)
         self.outcomes.append(outcome)
         if state in (OK, FAILED):
-            value = f"{outcome.gbps:.3f} GB/s" if outcome.gbps is not None else error
+            value = f"{outcome.gbps:.3g} GB/s" if outcome.gbps is not None else error
             self.event(index, f"{a.label()} -> {b.label()}: {value}")
 
 
@@ -445,7 +445,7 @@ def run_cluster_bench(coordinator: Coordinator, entries: Sequence[HostEntry],
         unknown = [h for h in options.hosts if h not in usable]
         if unknown:
             raise UsageError(f"host(s) {', '.join(unknown)} are not registered (or untrusted)",
-                             "kvctl cluster ls lists the registered hosts")
+                             "to list the registered hosts, run 'kvctl cluster ls'")
         usable = {h: usable[h] for h in options.hosts}
     if len(usable) < 2:
         raise UsageError(f"{len(usable)} usable host(s) registered: a bench needs two",

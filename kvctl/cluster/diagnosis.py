@@ -171,12 +171,12 @@ class Diagnosis:
         """One line for people: the culprits, or that there are none."""
         if self.median_gbps is None:
             return "no pair was measured"
-        head = (f"median {self.median_gbps:.3f} GB/s, MAD {self.mad_gbps or 0.0:.3f}; "
+        head = (f"median {self.median_gbps:.3g} GB/s, MAD {self.mad_gbps or 0.0:.3g}; "
                 f"{len(self.slow)} of {self.measured} pair(s) below "
                 f"{self.slow_fraction:.0%} of the median")
         if self.culprits:
             named = ", ".join(f"{c.subject.label()} ({c.slow_pairs} of {c.measured_pairs} "
-                              f"pairs slow, median {c.median_gbps or 0.0:.3f} GB/s)"
+                              f"pairs slow, median {c.median_gbps or 0.0:.3g} GB/s)"
                               for c in self.culprits)
             head += f"; likely culprit: {named}"
         elif self.slow:

@@ -86,7 +86,7 @@ def load_live_topology() -> Topology | None:
 def doctor_summary(topology: Topology | None) -> DoctorSummary:
     """``kvctl topo doctor`` of ``topology``, as counts and findings."""
     if topology is None:
-        return DoctorSummary(error="topology could not be read (rerun kvctl topo -v here)")
+        return DoctorSummary(error="topology could not be read (run 'kvctl topo -v' on that host)")
     from kvctl.topo.doctor import run_doctor
 
     findings = run_doctor(topology)

@@ -14,6 +14,7 @@ deletes the job; a child that exits while held fails the job with its exit statu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -250,6 +251,8 @@ class _Child:
                 doc = None
             if isinstance(doc, dict):
                 return doc
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=2)  # its output ended: let its exit status arrive
         raise UnavailableError(f"{self.what} did not start: {self.exit_reason() or 'no address'}"
                                f"{self._stderr_tail()}", "run the same kvctl command by hand "
                                "on that host to see why")

@@ -193,13 +193,15 @@ def plot_heatmap(report: ClusterBenchReport, path: Path) -> Path:
         for i, row in enumerate(m.cells):
             for j, v in enumerate(row):
                 state = m.states.get((m.hosts[i], m.hosts[j]))
-                text = f"{v:.3f}" if v is not None else ("" if i == j else (state or "-"))
+                text = f"{v:.3g}" if v is not None else ("" if i == j else (state or "-"))
                 ax.text(j, i, text, ha="center", va="center", fontsize=7,
                         color="white" if v is not None and v < 0.6 * top else "black")
         ax.set_title(f"{m.label}: GB/s" if len(mats) > 1 else "GB/s (slower direction)",
                      fontsize=9)
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle(f"kvctl cluster bench: {describe_sweep(report)}", fontsize=9)
+    named = ", ".join(c.subject.label() for c in report.diagnosis.culprits)
+    fig.suptitle(f"kvctl cluster bench: {describe_sweep(report)}"
+                 + (f"\nlikely culprit: {named}" if named else ""), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -244,7 +244,7 @@ def _bench_rows(phase: _Phase, bench: ClusterBenchReport) -> None:
         failed = [o for o in mine if o.state == "failed"]
         values = sorted(o.gbps for o in mine if o.gbps is not None)
         median = values[len(values) // 2] if values else None
-        measured = (f"{len(values)} pair(s) verified, median {median:.3f} GB/s"
+        measured = (f"{len(values)} pair(s) verified, median {median:.3g} GB/s"
                     if median is not None else "no pair measured")
         if host in missing:
             phase.add(host, "transfer matrix", Verdict.FAIL, "agent vanished during the bench",
@@ -254,12 +254,12 @@ def _bench_rows(phase: _Phase, bench: ClusterBenchReport) -> None:
             phase.add(host, "transfer matrix", Verdict.FAIL,
                       f"likely culprit: {c.slow_pairs} of {c.measured_pairs} pairs below "
                       f"{bench.diagnosis.slow_fraction:.0%} of the cluster median, "
-                      f"median {c.median_gbps or 0.0:.3f} GB/s",
+                      f"median {c.median_gbps or 0.0:.3g} GB/s",
                       f"check {c.subject.label()}: kvctl topo doctor there, its link and cable")
         elif failed:
             phase.add(host, "transfer matrix", Verdict.FAIL,
                       f"{len(failed)} pair(s) failed: {failed[0].error}",
-                      "rerun kvctl cluster bench -v for the pair's errors")
+                      "rerun 'kvctl cluster bench -v' for each pair's errors")
         else:
             phase.add(host, "transfer matrix", Verdict.PASS, measured)
     d = bench.diagnosis
@@ -335,7 +335,7 @@ def _client_rows(phase: _Phase, refs: dict[str, JobRef], check: str, what: str) 
         if result.failed:
             phase.add(host, check, Verdict.FAIL, f"{result.failed} of "
                       f"{result.ok + result.failed} failed: {'; '.join(result.errors[:2])}",
-                      "kvctl store status --master on that host shows the nodes")
+                      "'kvctl store status --master HOST:PORT' shows the nodes")
         else:
             phase.add(host, check, Verdict.PASS, f"{result.ok} objects: {what}")
 

@@ -327,7 +327,7 @@ def bench(
 def _cell(value: float | None, state: str | None, slow: bool) -> Text:
     if value is None:
         return Text(state or "", style="red" if state else "dim")
-    return Text(f"{value:.3f}", style="bold red" if slow else "")
+    return Text(f"{value:.3g}", style="bold red" if slow else "")
 
 
 def _render_bench(out: Output, report: ClusterBenchReport) -> None:
@@ -356,21 +356,21 @@ def _render_bench(out: Output, report: ClusterBenchReport) -> None:
     if d.note:
         console.print(f"[yellow]note:[/yellow] {d.note}")
     for c in d.culprits:
-        row = ", ".join(f"{e.peer.label()} {e.gbps:.3f}" for e in c.row if e.gbps is not None)
-        col = ", ".join(f"{e.peer.label()} {e.gbps:.3f}" for e in c.column
+        row = ", ".join(f"{e.peer.label()} {e.gbps:.3g}" for e in c.row if e.gbps is not None)
+        col = ", ".join(f"{e.peer.label()} {e.gbps:.3g}" for e in c.column
                         if e.gbps is not None)
-        console.print(f"  {c.subject.label()}: row (it initiated) [{row or '-'}]; column "
-                      f"(it served) [{col or '-'}]")
+        console.print(Text(f"  {c.subject.label()}: as initiator (its row): {row or '-'}; "
+                           f"as target (its column): {col or '-'}"))
         record = report.records.get(c.subject.host)
         for f in (record.doctor.findings if record else []):
             if f.severity in ("error", "warning"):
-                console.print(f"  {c.subject.host} topo doctor {f.severity}: {f.subject}: "
-                              f"{f.message} ({f.hint})")
+                console.print(Text(f"  {c.subject.host} topo doctor {f.severity}: "
+                                   f"{f.subject}: {f.message} ({f.hint})"))
     for gone in report.missing:
         console.print(f"[red]missing:[/red] {gone.host} (agent vanished, seen gone in round "
                       f"{gone.round_index + 1})")
     for o in report.failed:
-        console.print(f"[red]failed:[/red] {o.a.label()} -> {o.b.label()}: {o.error}")
+        console.print(Text(f"failed: {o.a.label()} -> {o.b.label()}: {o.error}", style="red"))
     for host, problem in report.untrusted:
         out.warn(f"{host} not benched: {problem}")
 

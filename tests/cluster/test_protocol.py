@@ -30,7 +30,9 @@ from kvctl.cluster.protocol import (
     HostRecord,
     Job,
     JobStatus,
+    Rail,
     RowSummary,
+    TargetParams,
     TargetReady,
     raw,
     seal,
@@ -83,25 +85,32 @@ class Counting(MetadataClient):
 
 
 def fake_target(ctx: JobContext) -> None:
-    ctx.ready(TargetReady(peer=f"{ctx.host.address}:7400", address=ctx.host.address,
-                          engines=["kvctl"]))
+    address = ctx.params(TargetParams).address or ctx.host.address
+    ctx.ready(TargetReady(peer=f"{address}:7400", address=address, engines=["kvctl"]))
     ctx.hold()
 
 
 def fake_bench(speed: dict[str, float]) -> Any:
+    """Pairs run at the slower end's speed (by host, or by rail address ``host-rN``)."""
+
     def run(ctx: JobContext) -> BenchResult:
         p: BenchParams = ctx.params(BenchParams)
         target = p.peer.split(":")[0]
-        gbps = min(speed.get(ctx.host.hostname, 1.0), speed.get(target, 1.0))
+        rail = target.partition("-")[2]
+        me = f"{ctx.host.hostname}-{rail}" if rail else ctx.host.hostname
+        gbps = min(speed.get(ctx.host.hostname, 1.0), speed.get(target.partition("-")[0], 1.0),
+                   speed.get(me, 1.0), speed.get(target, 1.0))
         return BenchResult(rows=[RowSummary("kvctl", op, "tcp", 65536, 8, gbps, 0, True,
                                             f"tcp -> {p.peer}", 80, 0.1)
                                  for op in ("read", "write")])
     return run
 
 
-def record(name: str, ttl_s: float = 1.0) -> HostRecord:
+def record(name: str, ttl_s: float = 1.0, rails: int = 0) -> HostRecord:
+    rail_list = [Rail(i, f"nic{i}", f"{name}-r{i}") for i in range(rails)]
     return HostRecord(hostname=name, agent_id=secrets.token_hex(6), version="0.1.0", pid=1,
-                      started_at=time.time(), address=name, addresses=[name],
+                      started_at=time.time(), address=name,
+                      addresses=[name, *(r.address for r in rail_list)], rails=rail_list,
                       lease_ttl_s=ttl_s, poll_s=0.02)
 
 
@@ -117,9 +126,10 @@ def service() -> Iterator[Counting]:
 
 
 def agents(service: MetadataClient, names: list[str], *, token: str | None = None,
-           speed: dict[str, float] | None = None, ttl_s: float = 1.0) -> list[Agent]:
+           speed: dict[str, float] | None = None, ttl_s: float = 1.0,
+           rails: int = 0) -> list[Agent]:
     handlers = {TARGET: fake_target, BENCH: fake_bench(speed or {})}
-    return [Agent(service, record(n, ttl_s), handlers=handlers, token=token).start()
+    return [Agent(service, record(n, ttl_s, rails), handlers=handlers, token=token).start()
             for n in names]
 
 
@@ -247,3 +257,41 @@ def test_a_closed_agent_leaves_nothing(service: Counting) -> None:
     agent.close()
     assert service.get(keys.host("h0")) is None
     assert service.get(keys.alive("h0")) is None
+
+
+def test_rail_by_rail_names_the_bad_nic(service: Counting) -> None:
+    names = [f"h{i}" for i in range(4)]
+    started = agents(service, names, speed={"h2-r1": 0.2}, rails=2)
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP, per_rail=True))
+    finally:
+        for a in started:
+            a.close()
+    assert len(report.outcomes) == 12  # 6 pairs x 2 rails, rail i against rail i
+    assert {(o.a.nic, o.b.nic) for o in report.outcomes} == {("nic0", "nic0"),
+                                                            ("nic1", "nic1")}
+    assert {o.b_address.rpartition("-")[2] for o in report.outcomes} == {"r0", "r1"}
+    (culprit,) = report.diagnosis.culprits
+    assert culprit.subject.label() == "h2/nic1"
+    from kvctl.cluster.report import matrices
+
+    assert [m.label for m in matrices(report)] == ["rail 0", "rail 1"]
+
+
+def test_cross_rail_adds_every_other_rail(service: Counting) -> None:
+    started = agents(service, ["h0", "h1"], rails=2)
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP, cross_rail=True))
+    finally:
+        for a in started:
+            a.close()
+    assert sorted((o.a.nic, o.b.nic) for o in report.outcomes) == [
+        ("nic0", "nic0"), ("nic0", "nic1"), ("nic1", "nic0"), ("nic1", "nic1")]
+    from kvctl.cluster.report import matrices
+
+    assert [m.label for m in matrices(report)] == ["rail 0", "rail 1", "rail 0 x rail 1",
+                                                   "rail 1 x rail 0"]
