@@ -317,7 +317,7 @@ class RegisterNode(Struct, frozen=True, tag="register"):
 
 
 class DropNode(Struct, frozen=True, tag="drop_node"):
-    """Drop a node now with its objects' copies on it (``kvctl store node rm``; admin only).
+    """Drop a node now with its objects' copies on it (an operator's request; admin only).
     A node still running registers again with new memory."""
 
     node_id: str

@@ -39,6 +39,8 @@ from kvctl.store.statebase import JournalEntry, NodeRecord, ObjectRecord, StateB
 
 _log = logging.getLogger("kvctl.store.state")
 
+#: Seconds of failing writes after which acknowledgements fail at once instead of waiting.
+FAIL_FAST_S = 1.0
 #: Largest page when loading (keys per range request).
 MAX_PAGE = 100_000
 #: One change: full key, value (``None``: delete).
@@ -96,6 +98,8 @@ class MetadataState(StateBackend):
         self._durable = 0
         self._local = threading.local()
         self._error: str | None = None
+        #: when the current run of failed writes began (None: the last write succeeded)
+        self._failing_since: float | None = None
         self._stop = False
         self.txns = 0
         self._threads = [threading.Thread(target=self._writer, name=f"kvctl-state-writer-{i}",
@@ -217,16 +221,21 @@ class MetadataState(StateBackend):
         if seq <= self._durable:
             return None
         wait_s = self._ack_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + wait_s
+        started = time.monotonic()
         with self._cv:
             while self._durable < seq:
-                left = deadline - time.monotonic()
-                if left <= 0 or self._stop:
+                now = time.monotonic()
+                left = started + wait_s - now
+                # Writes failing for a while already (etcd down): say so at once rather
+                # than hold every acknowledgement (and its connection) for the timeout.
+                failing = self._failing_since is not None and (
+                    now - self._failing_since > FAIL_FAST_S)
+                if left <= 0 or self._stop or failing:
                     why = self._error or "the service is slow"
                     return (f"master state {self.description}: the change is not durable "
-                            f"after {wait_s:.1f} s ({why}); it is written once the service "
-                            "takes it")
-                self._cv.wait(left)
+                            f"after {now - started:.1f} s ({why}); it is written once the "
+                            "service takes it")
+                self._cv.wait(min(left, FAIL_FAST_S))
         return None
 
     def refusal(self) -> str | None:
@@ -295,6 +304,7 @@ class MetadataState(StateBackend):
                         _log.info("master state %s: reachable again; %d change(s) behind",
                                   self.description, len(self._queue))
                     self._error = None
+                    self._failing_since = None
                     delay = 0.0
                 else:
                     if self._error is None:
@@ -302,6 +312,8 @@ class MetadataState(StateBackend):
                                      "answers (no new puts meanwhile)", self.description,
                                      error, len(self._queue))
                     self._error = error
+                    if self._failing_since is None:
+                        self._failing_since = time.monotonic()
                     delay = min(self.RETRY_S, max(0.05, delay * 2))
                 oldest = [*self._inflight_first]
                 if self._queue:

@@ -22,7 +22,7 @@ class MasterConfig:
         node_timeout_s: heartbeat silence after which a node is *suspect* (no new
             placements, reads go to other replicas, its objects are kept), seconds.
         node_grace_s: heartbeat silence after which a suspect node is dropped with its
-            objects, seconds (never less than ``node_timeout_s``; ``kvctl store node rm``
+            objects, seconds (never less than ``node_timeout_s``; a ``DropNode`` request
             drops one at once).
         max_observed_step_s: the most one gap between two of the master's own observations
             (its housekeeping runs every 0.1 s) counts toward a node's silence, seconds:

@@ -6,7 +6,7 @@ Rules (tests/store/test_liveness.py):
   reservations, gets are answered with its objects' other replicas (or ``unavailable`` when
   it holds the only ones), and its objects stay in the index. A heartbeat with the same
   epoch makes it alive again with every object it had.
-- Only a node silent past ``node_grace_s`` (or removed by ``kvctl store node rm``, or
+- Only a node silent past ``node_grace_s`` (or removed by a ``DropNode`` request, or
   registering again with new memory) is *dropped*: its epoch is remembered (the node must
   come back with new memory) and its objects lose their copies on it; objects with no copy
   left are lost. Dropping is O(the node's objects), in slices of ``slice_objects`` with the
@@ -165,7 +165,7 @@ class LivenessMixin(MasterBase):
             return tasks
 
     def drop_node(self, node_id: str) -> p.ErrorInfo | None:
-        """Drop a node now (``kvctl store node rm``): as if its grace had run out. If it is
+        """Drop a node now (a ``DropNode`` request): as if its grace had run out. If it is
         still running it comes back with new memory."""
         with self._cond:
             node = self._nodes.get(node_id)
@@ -186,7 +186,7 @@ class LivenessMixin(MasterBase):
                 node.state = SUSPECT
                 _log.warning("node %s is suspect: no heartbeat for %.1f s; no new placements, "
                              "reads go to other replicas, its %d objects are kept (dropped "
-                             "after %.0f s of silence, or with kvctl store node rm)",
+                             "after %.0f s of silence, or when an operator removes it)",
                              node.node_id, silent, len(node.lru), cfg.drop_after_s)
                 self._cond.notify_all()
             if node.state in (SUSPECT, RESTORED) and silent > cfg.drop_after_s:

@@ -65,8 +65,8 @@ class QueriesMixin(MasterBase):
         where = ", ".join(f"{r.node.node_id} ({r.node.state})" for r in obj.replicas)
         return err("unavailable", f"key {obj.key!r} is kept, but its copies are on nodes not "
                    f"answering heartbeats: {where}",
-                   "retry shortly; a node silent past its grace period (or removed with "
-                   "'kvctl store node rm') is dropped with its objects")
+                   "retry shortly; a node silent past its grace period (or removed by "
+                   "an operator) is dropped with its objects")
 
     def _locations(self, obj: Obj) -> list[p.Location]:
         return [p.Location(r.node.node_id, r.node.segment, r.offset, obj.size)
