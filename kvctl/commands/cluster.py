@@ -157,7 +157,8 @@ def _bench_options(opts: GlobalOptions, *, op: str, transport: str, block_size: 
                    model: str | None, page_tokens: int, engine: list[str] | None,
                    verify: bool, schedule: str, pairs: int | None, seed: int, per_rail: bool,
                    cross_rail: bool, hosts: str | None, slow_fraction: float, timeout: str,
-                   max_buffer: str) -> ClusterBenchOptions:
+                   max_buffer: str, local_location: str = "cpu:0",
+                   remote_location: str = "cpu:0") -> ClusterBenchOptions:
     from kvctl.bench.session import validate_engines
     from kvctl.bench.spec import BenchSettings, build_sweep
     from kvctl.cluster.bench import ClusterBenchOptions
@@ -171,7 +172,8 @@ def _bench_options(opts: GlobalOptions, *, op: str, transport: str, block_size: 
         op=op, transport=transport, block_size=block_size, batch_size=batch_size,
         duration=parse_duration(duration, what="--duration") if duration else None,
         iterations=iterations, warmup=warmup, verify=verify, model=model,
-        page_tokens=page_tokens, max_buffer_bytes=parse_size(max_buffer, what="--max-buffer"))
+        page_tokens=page_tokens, max_buffer_bytes=parse_size(max_buffer, what="--max-buffer"),
+        local_location=local_location, remote_location=remote_location)
     sweep = build_sweep(settings, model=resolve_model(model) if model else None)
     if "shm" in sweep.transports:
         raise UsageError("shm moves bytes within one host, never between two",
@@ -232,6 +234,11 @@ TimeoutOpt = Annotated[str, typer.Option("--timeout", help="Longest one batch ma
                                          rich_help_panel=_P)]
 PollOpt = Annotated[str, typer.Option("--poll", help="How often to poll the agents' statuses.",
                                       rich_help_panel=_P)]
+LocalOpt = Annotated[str, typer.Option(
+    "--local-location", help="Initiator's buffer: cpu:N or file:PATH.", rich_help_panel=_S)]
+RemoteOpt = Annotated[str, typer.Option(
+    "--remote-location", help="Target's buffer: cpu:N, cuda:N (the decode side's GPU) or "
+    "file:PATH.", rich_help_panel=_S)]
 MaxBufferOpt = Annotated[str, typer.Option(
     "--max-buffer", help="Refuse sweeps needing more memory per side.", rich_help_panel=_S)]
 
@@ -250,6 +257,8 @@ def bench(
     model: ModelOpt = None,
     page_tokens: PageOpt = 16,
     engine: EngineOpt = None,
+    local_location: LocalOpt = "cpu:0",
+    remote_location: RemoteOpt = "cpu:0",
     verify: VerifyOpt = True,
     schedule: ScheduleOpt = "auto",
     pairs: PairsOpt = None,
@@ -291,7 +300,8 @@ def bench(
         duration=duration if duration or iterations else "1s", iterations=iterations,
         warmup=warmup, model=model, page_tokens=page_tokens, engine=engine, verify=verify,
         schedule=schedule, pairs=pairs, seed=seed, per_rail=per_rail, cross_rail=cross_rail,
-        hosts=hosts, slow_fraction=slow_fraction, timeout=timeout, max_buffer=max_buffer)
+        hosts=hosts, slow_fraction=slow_fraction, timeout=timeout, max_buffer=max_buffer,
+        local_location=local_location, remote_location=remote_location)
     if plot is not None:
         from kvctl.bench.plot import require_matplotlib
 
