@@ -22,7 +22,7 @@ ETCD = ("etcd --data-dir /tmp/kvctl-etcd --listen-client-urls http://10.0.0.1:23
         "--advertise-client-urls http://10.0.0.1:2379")
 AGENT = "kvctl agent --metadata etcd://10.0.0.1:2379 --ttl 3s --poll 0.2s"
 #: The sweep of each pair in the tests: small blocks, short timed phases.
-SWEEP = ["--block-size", "128KiB", "--batch-size", "4", "--duration", "0.5s",
+SWEEP = ["--block-size", "64KiB", "--batch-size", "4", "--duration", "0.4s",
          "--warmup", "1"]
 TTL_S = 3.0
 #: Token bucket of a shaped link: 40 ms at 50 Mbit/s.

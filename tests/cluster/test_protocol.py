@@ -295,3 +295,47 @@ def test_cross_rail_adds_every_other_rail(service: Counting) -> None:
 
     assert [m.label for m in matrices(report)] == ["rail 0", "rail 1", "rail 0 x rail 1",
                                                    "rail 1 x rail 0"]
+
+
+def test_a_stopped_run_ends_with_what_was_measured(service: Counting) -> None:
+    started = agents(service, [f"h{i}" for i in range(5)])
+    stop = threading.Event()
+
+    def on_event(event: Any) -> None:
+        if event.done >= 2:
+            stop.set()  # as Ctrl-C does
+
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP), on_event=on_event,
+                                       stop=stop)
+    finally:
+        for a in started:
+            a.close()
+    assert report.interrupted
+    assert not report.ok
+    states = [o.state for o in report.outcomes]
+    assert len(states) == 10
+    assert states.count("ok") >= 2
+    assert "interrupted" in states
+
+
+def test_agent_metrics_count_jobs_by_kind_and_outcome(service: Counting) -> None:
+    from kvctl.metrics import ServerMetrics
+
+    metrics = ServerMetrics("kvctl_agent")
+    handlers = {TARGET: fake_target, BENCH: fake_bench({})}
+    started = [Agent(service, record(n), handlers=handlers, metrics=metrics if n == "h0"
+                     else None).start() for n in ("h0", "h1")]
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                              ClusterBenchOptions(sweep=SWEEP))
+        text = metrics.render()
+    finally:
+        for a in started:
+            a.close()
+    assert 'kvctl_agent_registered 1.0' in text
+    assert 'op="job_' in text
+    assert "kvctl_agent_jobs_running" in text
