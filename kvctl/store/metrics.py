@@ -1,7 +1,9 @@
 """The store master's Prometheus metrics (``kvctl store serve|master --metrics-port``).
 
 Request counts and latencies are recorded per message; capacity, usage, objects per tier,
-live nodes, evictions and tier moves are read from the master's status at scrape time.
+nodes by state, evictions, tier moves, the state backend's backlog and the master's own
+pauses are read at scrape time, from counters kept as things change (a scrape costs
+O(nodes), whatever the number of objects).
 """
 
 from __future__ import annotations
@@ -46,6 +48,18 @@ def master_metrics(core: MasterCore) -> ServerMetrics:
         yield evictions
         yield counter(f"{NAMESPACE}_lost_objects", "Objects lost with their last replica.",
                       value=status.lost)
+        states = gauge(f"{NAMESPACE}_node_states", "Registered storage nodes by state "
+                       "(alive; suspect: silent past the node timeout, objects kept; "
+                       "restored: not registered again since a master restart).",
+                       labels=["state"])
+        for state in ("alive", "suspect", "restored"):
+            states.add_metric([state], sum(1 for n in status.nodes if n.state == state))
+        yield states
+        yield gauge(f"{NAMESPACE}_state_backlog", "Changes taken but not yet durable in the "
+                    "master's state (journal or etcd).", value=core.state.backlog)
+        yield counter(f"{NAMESPACE}_master_paused_seconds", "The master's own pauses (GC, "
+                      "stops, a busy lock) not counted against its nodes' heartbeats, "
+                      "seconds.", value=core.paused_s)
         used = gauge(f"{NAMESPACE}_node_used_bytes", "DRAM used per node, bytes.",
                      labels=["node", "tier"])
         for n in status.nodes:
