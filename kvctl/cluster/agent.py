@@ -21,7 +21,6 @@ protocol with stand-in work.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -196,7 +195,7 @@ class Agent:
             AuthError: the cluster requires a token this agent lacks, or uses another.
             MetadataError: the metadata service cannot be reached.
         """
-        check_policy(self.client, self.keys, self.token, who=self.hostname)
+        agree_policy(self.client, self.keys, self.token, who=self.hostname)
         keeper = LeaseKeeper(self.client, self.record.lease_ttl_s,
                              name=f"kvctl-agent-lease-{self.hostname}").start()
         self._keeper = keeper
@@ -380,28 +379,24 @@ class Agent:
 _SERVING = frozenset({"target", "store-master", "store-node"})
 
 
-def check_policy(client: MetadataClient, keys: ClusterKeys, token: str | None, *,
-                 who: str) -> None:
-    """Agree with the cluster's token policy, writing it when it is not there yet.
+def check_policy(client: MetadataClient, keys: ClusterKeys, token: str | None) -> Policy | None:
+    """The cluster's token policy, checked against ``token`` (nothing is written).
 
     Raises:
         AuthError: the cluster runs with a token and ``token`` is ``None``, or with another.
         MetadataError: the metadata service cannot be reached.
     """
     stored = client.get(keys.policy)
-    policy = None
-    if stored is not None:
-        with contextlib.suppress(UsageError):
-            policy = msgspec.json.decode(stored, type=Policy)
-    if policy is None or (policy.auth == "none" and token):
-        if token:
-            client.put(keys.policy, msgspec.json.encode(
-                Policy("hmac-sha256", policy_proof(token), who)))
-        elif policy is None:
-            client.put(keys.policy, msgspec.json.encode(Policy("none", None, who)))
-        return
+    if stored is None:
+        return None
+    try:
+        policy = msgspec.json.decode(stored, type=Policy)
+    except msgspec.DecodeError:
+        raise UsageError(f"{keys.policy} in {client.url} is not a kvctl cluster policy",
+                         "another program writes under kvctl/; give this cluster its own "
+                         "cluster id (KVCTL_CLUSTER_ID)") from None
     if policy.auth == "none":
-        return
+        return policy
     if not token:
         raise AuthError(
             f"the cluster at {client.url} requires the shared token (its policy, written by "
@@ -413,3 +408,19 @@ def check_policy(client: MetadataClient, keys: ClusterKeys, token: str | None, *
             f"the cluster at {client.url} runs with another token (policy written by "
             f"{policy.written_by})",
             "set the same KVCTL_TOKEN on every agent and client")
+    return policy
+
+
+def agree_policy(client: MetadataClient, keys: ClusterKeys, token: str | None, *,
+                 who: str) -> None:
+    """:func:`check_policy`, then, holding a token where no policy requires one yet, write
+    the policy so that agents and clients without the token are refused from now on.
+
+    Raises:
+        AuthError: as :func:`check_policy`.
+        MetadataError: the metadata service cannot be reached.
+    """
+    policy = check_policy(client, keys, token)
+    if token and (policy is None or policy.auth == "none"):
+        client.put(keys.policy, msgspec.json.encode(
+            Policy("hmac-sha256", policy_proof(token), who)))

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from kvctl.cluster.agent import check_policy
+from kvctl.cluster.agent import agree_policy
 from kvctl.cluster.protocol import (
     FINAL_STATES,
     READY,
@@ -127,7 +127,7 @@ class Coordinator:
             AuthError: the cluster requires a token we lack, or runs with another.
             MetadataError: the metadata service cannot be reached.
         """
-        check_policy(self.client, self.keys, self.token,
+        agree_policy(self.client, self.keys, self.token,
                      who=f"client@{socket.gethostname()}")
         self._keeper = LeaseKeeper(self.client, self.ttl_s,
                                    name=f"kvctl-cluster-run-{self.run_id}").start()

@@ -18,8 +18,10 @@ Output: a :class:`Diagnosis`:
    its value and whether it was slow.
 
 A median needs most pairs to be healthy: one bad host among N owns N-1 of the N(N-1)/2
-pairs, a minority from N = 4 on; with N = 3 its two pairs are the median and nothing can be
-told apart (the diagnosis says so in :attr:`Diagnosis.note`). More generally k bad hosts are
+pairs, a minority from N = 5 on; at N = 4 it owns half and the median sits between its pairs
+and the others (it is found when its pairs are below about half of the others'); with N = 3
+its two pairs are the median and nothing can be told apart (the diagnosis says so in
+:attr:`Diagnosis.note`). More generally k bad hosts are
 found while k(N-k) + k(k-1)/2 < N(N-1)/4, about k < 0.29 N.
 """
 

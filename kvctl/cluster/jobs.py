@@ -303,9 +303,10 @@ def store_master(ctx: JobContext) -> None:
         child.stop()
 
 
-def store_node(ctx: JobContext) -> None:
+def store_node(ctx: JobContext, *, max_region_bytes: int) -> None:
     """``kvctl store node`` for the client's master until the job is deleted."""
     p: StoreNodeParams = ctx.params(StoreNodeParams)
+    _check_region(p.capacity_bytes, max_region_bytes)
     child = _Child(f"store node {p.node_id}",
                    ["store", "node", "--master", p.master, "--capacity", str(p.capacity_bytes),
                     "--node-id", p.node_id], ctx.token)
@@ -325,11 +326,12 @@ def object_content(key: str, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
-def store_client(ctx: JobContext) -> StoreClientResult:
+def store_client(ctx: JobContext, *, max_region_bytes: int) -> StoreClientResult:
     """Write, read back (every byte checked) or report the master's nodes."""
     from kvctl.store.client import StoreClient
 
     p: StoreClientParams = ctx.params(StoreClientParams)
+    _check_region(p.count * p.size_bytes * max(1, len(p.read_prefixes)), max_region_bytes)
     errors: list[str] = []
     ok = failed = 0
     with StoreClient(p.master, token=ctx.token, replicas=p.replicas, timeout_s=10.0) as client:
@@ -379,6 +381,6 @@ def default_handlers(*, topology: Topology | None = None, config_file: Path | No
         RUNBOOK: lambda ctx: run_book(ctx, config_file=config_file),
         KEYS: key_manifest,
         STORE_MASTER: store_master,
-        STORE_NODE: store_node,
-        STORE_CLIENT: store_client,
+        STORE_NODE: lambda ctx: store_node(ctx, max_region_bytes=max_region_bytes),
+        STORE_CLIENT: lambda ctx: store_client(ctx, max_region_bytes=max_region_bytes),
     }

@@ -97,7 +97,7 @@ def ls(ctx: typer.Context, metadata: MetadataOpt = None, json_out: JsonOpt = Fal
     url, common = _url(opts, metadata)
     keys = ClusterKeys(common.cluster_id)
     with open_metadata(url, token=common.token) as client:
-        check_policy(client, keys, common.token, who="kvctl cluster ls")
+        check_policy(client, keys, common.token)
         entries = read_hosts(client, keys, common.token)
     if json_out:
         out.emit_json("cluster.ls", {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import statistics
 
 import pytest
 from hypothesis import assume, given, settings
@@ -33,7 +34,7 @@ bases = st.floats(0.01, 1000.0)
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(4, 14), base=bases, noise=noise_lists, factor=st.floats(0.02, 0.45),
+@given(n=st.integers(5, 14), base=bases, noise=noise_lists, factor=st.floats(0.02, 0.45),
        seed=st.integers(0, 10_000))
 def test_one_planted_slow_host_is_named_and_only_it(n: int, base: float, noise: list[float],
                                                     factor: float, seed: int) -> None:
@@ -65,6 +66,8 @@ def test_scaling_every_value_changes_nothing_but_the_units(n: int, values: list[
     pairs = [PairValue(Endpoint(a), Endpoint(b), v)
              for (a, b), v in zip(itertools.combinations(_hosts(n), 2), values, strict=False)]
     assume(all(p.gbps is not None and p.gbps * scale > 0 for p in pairs))
+    median = statistics.median(p.gbps or 0.0 for p in pairs)
+    assume(all(abs((p.gbps or 0.0) - 0.7 * median) > 1e-9 * median for p in pairs))  # no ties
     scaled = [PairValue(p.a, p.b, (p.gbps or 0.0) * scale) for p in pairs]
     one, two = diagnose(pairs), diagnose(scaled)
     assert [(s.a, s.b) for s in one.slow] == [(s.a, s.b) for s in two.slow]
@@ -91,7 +94,7 @@ def test_slow_pairs_are_exactly_those_below_the_fraction_of_the_median(
 
 
 @settings(max_examples=100, deadline=None)
-@given(n=st.integers(4, 10), noise=noise_lists, factor=st.floats(0.02, 0.45),
+@given(n=st.integers(5, 10), noise=noise_lists, factor=st.floats(0.02, 0.45),
        seed=st.integers(0, 10_000))
 def test_renaming_hosts_renames_the_culprit(n: int, noise: list[float], factor: float,
                                             seed: int) -> None:
@@ -159,6 +162,16 @@ def test_a_noisy_pair_elsewhere_does_not_add_a_culprit() -> None:
     assert [c.subject.label() for c in result.culprits] == ["h3"]
     assert [(s.a.host, s.b.host) for s in result.unexplained] == [("h1", "h2")]
     assert "likely culprit: h3" in result.summary()
+
+
+@settings(max_examples=60, deadline=None)
+@given(noise=noise_lists, factor=st.floats(0.02, 0.4), seed=st.integers(0, 3))
+def test_four_hosts_name_a_host_at_under_half_the_others(noise: list[float], factor: float,
+                                                        seed: int) -> None:
+    """At N = 4 the bad host owns half the pairs and the median sits between them."""
+    hosts = _hosts(4)
+    result = diagnose(_matrix(hosts, 1.0, noise, bad={hosts[seed]}, factor=factor))
+    assert [c.subject.host for c in result.culprits] == [hosts[seed]]
 
 
 def test_three_hosts_cannot_be_told_apart_and_say_so() -> None:

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from kvctl.bench.spec import CPU0, Op, Sweep
-from kvctl.cluster.agent import Agent, JobContext, check_policy
+from kvctl.cluster.agent import Agent, JobContext, agree_policy, check_policy
 from kvctl.cluster.bench import ClusterBenchOptions, run_cluster_bench
 from kvctl.cluster.coordinator import Coordinator
 from kvctl.cluster.protocol import (
@@ -242,8 +242,11 @@ def test_an_agent_without_the_token_cannot_join(service: Counting) -> None:
 
 def test_policy_is_written_once_and_agreed(service: Counting) -> None:
     keys = ClusterKeys("blue")
-    check_policy(service, keys, TOKEN, who="h0")
-    check_policy(service, keys, TOKEN, who="h1")
+    assert check_policy(service, keys, None) is None  # reading writes nothing
+    agree_policy(service, keys, None, who="h9")
+    assert service.get(keys.policy) is None  # nor does a member without a token
+    agree_policy(service, keys, TOKEN, who="h0")
+    agree_policy(service, keys, TOKEN, who="h1")
     stored = service.get(keys.policy)
     assert stored is not None
     assert msgspec.json.decode(stored)["written_by"] == "h0"
