@@ -59,7 +59,7 @@ class FakeMaster:
             while True:
                 codec.frames.recv(conn)
                 self.requests_after_login += 1
-        except (OSError, AssertionError, Exception):  # noqa: BLE001 - a fake: any end is fine
+        except Exception:  # a fake: any way the connection ends is fine
             conn.close()
 
     def close(self) -> None:
