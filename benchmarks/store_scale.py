@@ -3,8 +3,10 @@
 Not a test: run it by hand, alone on the machine (it fills up to millions of objects)::
 
     .venv/bin/python benchmarks/store_scale.py --counts 10000,100000,1000000 \\
+        --core-only 1000000,10000000 --etcd etcd://127.0.0.1:2379 \\
         --json scale.json --plot docs/store-scale.png
-    .venv/bin/python benchmarks/store_scale.py --core-only 10000000   # the master alone
+    .venv/bin/python benchmarks/store_scale.py --counts "" --systems "" --states "" \\
+        --core-only 10000000                  # the master alone
 
 End to end, per object count N and system (every server in its own process, the client
 in this one, TCP data path for both):
@@ -476,6 +478,7 @@ def plot(rows: list[dict[str, Any]], states: list[dict[str, Any]], core: list[di
             pts = sorted((r["n"], r[col]) for r in core)
             ax.plot(*zip(*pts, strict=True), "^:", label="kvctl master core only")
         ax.set_xscale("log")
+        ax.set_ylim(bottom=0)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("objects")
         ax.grid(alpha=0.3)
