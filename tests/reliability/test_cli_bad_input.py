@@ -182,6 +182,25 @@ TABLE: dict[tuple[str, ...], list[tuple[str, list[str], int]]] = {
         # not available (tests/doctor keeps that contract).
         ("unavailable-unknown-component", ["doctor", "env", "--require", "unicorn"], 3),
     ],
+    ("agent",): [
+        ("unknown-scheme", ["agent", "-m", "bogus://x"], 2),
+        ("bad-duration", ["agent", "--ttl", "10 fortnights"], 2),
+    ],
+    ("cluster",): [("unknown-option", ["cluster", "--bogus"], 2)],
+    ("cluster", "ls"): [("unknown-scheme", ["cluster", "ls", "-m", "bogus://x"], 2)],
+    ("cluster", "bench"): [
+        ("unknown-scheme", ["cluster", "bench", "-m", "bogus://x"], 2),
+        ("unknown-unit", ["cluster", "bench", "-m", "bogus://x", "--block-size", "4XB"], 2),
+    ],
+    ("cluster", "runbook"): [
+        ("unknown-scheme", ["cluster", "runbook", "-m", "bogus://x"], 2),
+        ("missing-host-runbook", ["cluster", "runbook", "-m", "bogus://x", "--host-runbook",
+                                  "{missing}"], 2),
+    ],
+    ("cluster", "plan"): [
+        ("bad-schedule", ["cluster", "plan", "--schedule", "sideways"], 2),
+        ("bad-duration", ["cluster", "plan", "--pair-duration", "10 fortnights"], 2),
+    ],
     ("bench",): [("unknown-option", ["bench", "--bogus"], 2)],
     ("bench", "transfer"): [
         ("unknown-unit", ["bench", "transfer", "--block-size", "4XB"], 2),
