@@ -111,20 +111,6 @@ def device_filter(transport: str, env: Mapping[str, str], ranked: Sequence[str])
     return ",".join(dict.fromkeys(name.partition(":")[0] for name in ranked))
 
 
-def _ranked_hcas(location: str = "cpu:0") -> list[str]:
-    """The RDMA NICs topo ranks first for ``location`` on this host (empty if unreadable)."""
-    from kvctl.errors import KvctlError
-    from kvctl.transfer.transports.rdma.devices import best_rdma_ports, live_topology
-
-    topology = live_topology()
-    if topology is None:
-        return []
-    try:
-        return best_rdma_ports(topology, location)
-    except KvctlError:
-        return []
-
-
 def _new_engine(transport: str, host: str) -> tuple[Any, str]:
     """A Mooncake engine initialised at ``host`` for ``transport``, and what it installed.
 
@@ -139,8 +125,10 @@ def _new_engine(transport: str, host: str) -> tuple[Any, str]:
         os.environ.pop("MC_FORCE_TCP", None)
     os.environ["MC_TCP_BIND_ADDRESS"] = host
     protocol = _PROTOCOLS[transport]
+    from kvctl.transfer.transports.rdma.devices import ranked_rdma_ports
+
     devices = device_filter(transport, os.environ,
-                            [] if transport == "tcp" else _ranked_hcas())
+                            [] if transport == "tcp" else ranked_rdma_ports())
     if devices:
         _log.info("Mooncake device_name %s (topo's ranking for host memory, or "
                   "MOONCAKE_DEVICE)", devices)

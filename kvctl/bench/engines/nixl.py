@@ -105,28 +105,17 @@ def _ucx_settings(tls: str | None, host: str, rdma_ports: Sequence[str] | None =
     host memory, so UCX may use them (``mlx5_0:1``) rather than only TCP."""
     values: dict[str, str | None] = {"UCX_TLS": tls}
     if not is_loopback(host) and "UCX_NET_DEVICES" not in os.environ:
+        from kvctl.transfer.transports.rdma.devices import ranked_rdma_ports
+
         devices: list[str] = []
         if tls is None:
-            devices += list(rdma_ports if rdma_ports is not None else _ranked_rdma_ports())
+            devices += list(rdma_ports if rdma_ports is not None else ranked_rdma_ports())
         device = interface_of(host)
         if device is not None:
             devices.append(device)
         if devices:
             values["UCX_NET_DEVICES"] = ",".join(devices)
     return values
-
-
-def _ranked_rdma_ports(location: str = "cpu:0") -> list[str]:
-    """``device:port`` of the RDMA NICs topo ranks first for ``location`` (empty if none)."""
-    from kvctl.transfer.transports.rdma.devices import best_rdma_ports, live_topology
-
-    topology = live_topology()
-    if topology is None:
-        return []
-    try:
-        return best_rdma_ports(topology, location)
-    except KvctlError:
-        return []
 
 
 _HINT = "check UCX on this host (ucx_info -d) or try another --transport"

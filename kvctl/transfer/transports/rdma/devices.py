@@ -459,6 +459,20 @@ def best_rdma_ports(topology: Any, location: str) -> list[str]:
     return [f"{name}:{port}" for name in names for port in nic_ports(by_name[name])]
 
 
+def ranked_rdma_ports(location: str = "cpu:0") -> list[str]:
+    """:func:`best_rdma_ports` for ``location`` on this host; empty when the topology cannot
+    be read or names nothing there (the engines' drivers then let the engine choose)."""
+    from kvctl.errors import KvctlError
+
+    topology = live_topology()
+    if topology is None:
+        return []
+    try:
+        return best_rdma_ports(topology, location)
+    except KvctlError:
+        return []
+
+
 def order_for(location: str, ports: Sequence[NicPort], ranking: Ranking | None) -> list[NicPort]:
     """The ports that move a buffer at ``location``: those of the NICs ``ranking`` names for
     it (``mlx5_0`` or ``mlx5_0:1``), in its order; every port when it names none of them."""
