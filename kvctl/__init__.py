@@ -8,4 +8,6 @@ The package is a library first (``kvctl.probe``, ``kvctl.topo``, ``kvctl.transfe
 __version__ = "0.1.0"
 
 #: Version of every ``--json`` document kvctl prints. Bump on incompatible changes.
-SCHEMA_VERSION = 1
+#: 2: every ``kind`` is dotted (``doctor.env``, not ``doctor-env``); verdicts are ``ok`` plus
+#: ``checks[].status``; fields named by unit. docs/json.md lists what changed and the aliases.
+SCHEMA_VERSION = 2

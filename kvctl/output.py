@@ -2,7 +2,8 @@
 
 - Tables and progress go through Rich; progress and diagnostics go to stderr so stdout
   stays clean for ``--json`` and pipes.
-- ``--json`` prints exactly one JSON document on stdout with ``schema_version`` and ``kind``.
+- ``--json`` prints exactly one JSON document on stdout with ``schema_version`` and ``kind``;
+  a document that judges carries ``ok`` and ``checks`` (docs/json.md, docs/schemas/).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import enum
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +32,7 @@ from rich.progress import (
 
 from kvctl import SCHEMA_VERSION
 from kvctl.errors import KvctlError
+from kvctl.units import with_deprecated_keys
 
 #: Columns of tables written to a pipe or file.
 PIPE_WIDTH = 160
@@ -55,9 +58,30 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
+#: A document's ``kind``: the command's words, dotted (``bench.transfer``, ``doctor.env``);
+#: words of one command keep their hyphen (``keys.store-check``). docs/json.md lists them.
+KIND_RE = re.compile(r"[a-z]+(?:\.[a-z][a-z-]*)+")
+
+#: The statuses of one entry of a verdict's ``checks`` list: ``warn`` did not fail the
+#: verdict but deserves a look; ``skip`` could not run here (its entry says why).
+CHECK_STATUSES = ("pass", "warn", "fail", "skip")
+
+
 def json_document(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     """The envelope every ``--json`` output uses."""
-    return {"schema_version": SCHEMA_VERSION, "kind": kind, **to_jsonable(payload)}
+    if not KIND_RE.fullmatch(kind):
+        raise ValueError(f"JSON kind {kind!r} is not dotted lowercase words")
+    body = with_deprecated_keys(to_jsonable(payload))  # old unit-less names, one release
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, **body}
+
+
+def check_entry(name: str, status: str, **fields: Any) -> dict[str, Any]:
+    """One entry of a verdict document's ``checks``: what was checked, its status (one of
+    :data:`CHECK_STATUSES`), then the check's own fields. A verdict document also carries
+    ``ok``: true when no check failed."""
+    if status not in CHECK_STATUSES:
+        raise ValueError(f"check status {status!r} is not one of {', '.join(CHECK_STATUSES)}")
+    return {"name": name, "status": status, **fields}
 
 
 class Output:

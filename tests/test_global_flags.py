@@ -127,7 +127,7 @@ def test_json_before_or_after_the_command_gives_the_same_document(
             c["name"] for c in second.json()["components"]]
     else:
         assert first.json() == second.json()
-    assert first.json()["schema_version"] == 1
+    assert first.json()["schema_version"] == 2
 
 
 def test_json_on_a_group_leaves_the_usual_error(kvctl: Kvctl) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.config import CommonSettings
-from kvctl.doctor.env import Status, default_checks, run_checks
+from kvctl.doctor.env import ComponentStatus, Status, default_checks, run_checks
 from kvctl.errors import UnavailableError
 
 app = typer.Typer(help="Environment checks: drivers, devices, engines, servers.\n\n"
@@ -47,8 +47,14 @@ def env(
         if not configured.startswith("memory://"):
             urls.append(configured)
     results = run_checks(default_checks(urls))
+    by_name = {r.name: r for r in results}
+    required = list(dict.fromkeys(require or []))
+    checks = [{"name": name, "status": "pass" if name in by_name and by_name[name].status
+               is Status.OK else "fail", "detail": _required_detail(name, by_name)}
+              for name in required]
     if json_out:
-        out.emit_json("doctor-env", {"components": results})
+        out.emit_json("doctor.env", {"ok": all(c["status"] == "pass" for c in checks),
+                                     "checks": checks, "components": results})
     else:
         table = Table(title="kvctl doctor env")
         for column in ("component", "status", "detail", "hint"):
@@ -57,12 +63,24 @@ def env(
             style = _STYLE[r.status]
             table.add_row(r.name, f"[{style}]{r.status.value}[/{style}]", r.detail, r.hint or "")
         out.print(table)
-    by_name = {r.name: r for r in results}
-    for name in require or []:
+    for name in required:
         found = by_name.get(name)
         if found is None:
             raise UnavailableError(f"--require {name}: no such component was checked",
                                    f"known: {', '.join(by_name)}")
         if found.status is not Status.OK:
-            raise UnavailableError(f"required component {name} is {found.status.value}: "
-                                   f"{found.detail}", found.hint)
+            raise UnavailableError(f"required component {name} is "
+                                   f"{_STATE_WORDS[found.status]}: {found.detail}", found.hint)
+
+
+#: How a component that is not usable is described in the error of ``--require``.
+_STATE_WORDS = {Status.UNAVAILABLE: "not available", Status.ERROR: "present but broken"}
+
+
+def _required_detail(name: str, by_name: dict[str, ComponentStatus]) -> str:
+    found = by_name.get(name)
+    if found is None:
+        return "no such component was checked"
+    if found.status is Status.OK:
+        return found.detail
+    return f"{_STATE_WORDS[found.status]}: {found.detail}"

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvctl.commands._common import JsonOpt, global_options
+from kvctl.commands._common import JsonOpt, global_options, renamed_flag
 from kvctl.config import redacted
 from kvctl.output import Output
 from kvctl.plan.readback import PlanSettings, ReadbackPlan, Winner, plan_readback
@@ -16,7 +16,7 @@ from kvctl.probe.nvml import PynvmlBackend
 
 app = typer.Typer(help="Planners: back-of-the-envelope answers.\n\n"
                   "Example: kvctl plan readback --model llama-3-70b --prefill-tps 5000 "
-                  "--read-gbps 20", no_args_is_help=True)
+                  "--read-gbytes-per-s 20", no_args_is_help=True)
 
 
 @app.command("readback")
@@ -45,8 +45,12 @@ def readback(
     ] = None,
     efficiency: Annotated[float | None, typer.Option(
         help="Fraction of peak TFLOP/s prefill reaches. (default: 0.5)")] = None,
+    read_gbytes_per_s: Annotated[float | None, typer.Option(
+        "--read-gbytes-per-s", help="Read-back bandwidth, GB/s (gigabytes: 10^9 bytes per "
+        "second).", show_default=False)] = None,
     read_gbps: Annotated[float | None, typer.Option(
-        help="Read-back bandwidth, GB/s (decimal).", show_default=False)] = None,
+        "--read-gbps", hidden=True,
+        help="Deprecated name of --read-gbytes-per-s (GB/s).")] = None,
     bench_file: Annotated[Path | None, typer.Option(
         help="Take the bandwidth from a 'kvctl bench transfer --json' result (fastest read "
              "row).", show_default=False)] = None,
@@ -71,17 +75,19 @@ def readback(
     --sessions and --context-tokens, the bytes those contexts' KV take.
 
     With a prefill rate (--prefill-tps, --gpu-tflops, --gpu, or the GPU NVML reports) and a
-    read rate (--read-gbps or --bench-file): per prefix length the recompute time,
+    read rate (--read-gbytes-per-s or --bench-file): per prefix length the recompute time,
     read-back time, speedup and which side is faster, then the break-even prefix length
     and bandwidth. A missing rate is named, with how to give it.
 
-    Example: kvctl plan readback --model llama-3-70b --prefill-tps 5000 --read-gbps 20
+    Example: kvctl plan readback --model llama-3-70b --prefill-tps 5000 --read-gbytes-per-s 20
     """
     opts = global_options(ctx)
+    read_gbytes_per_s = renamed_flag(opts, "--read-gbps", read_gbps, "--read-gbytes-per-s",
+                                     read_gbytes_per_s)
     settings = opts.settings(
         PlanSettings, model=model, params=params, prefill_tps=prefill_tps,
         gpu_tflops=gpu_tflops, gpu=gpu, gpus=gpus, nvml=nvml, efficiency=efficiency,
-        read_gbps=read_gbps, bench_file=bench_file, bench_size=bench_size,
+        read_gbytes_per_s=read_gbytes_per_s, bench_file=bench_file, bench_size=bench_size,
         latency_us=latency_us, prefix_tokens=prefix_tokens, sessions=sessions,
         context_tokens=context_tokens,
     )
@@ -93,7 +99,7 @@ def readback(
         if backend is not None:
             backend.close()
     if json_out:
-        out.emit_json("plan-readback", {"settings": redacted(settings), **vars(plan)})
+        out.emit_json("plan.readback", {"settings": redacted(settings), **vars(plan)})
         return
     _render(out, plan)
 
@@ -120,11 +126,11 @@ def _render(out: Output, plan: ReadbackPlan) -> None:
     else:
         out.print(f"Prefill: {plan.prefill_tokens_per_s:,.0f} tokens/s "
                   f"(from {plan.prefill_source})")
-    if plan.read_gbps is None:
-        out.print("Read back: unknown (no --read-gbps or --bench-file)")
+    if plan.read_gbytes_per_s is None:
+        out.print("Read back: unknown (no --read-gbytes-per-s or --bench-file)")
     else:
         out.print(
-            f"Read back: {plan.read_gbps:g} GB/s (from {plan.read_source}), fixed cost "
+            f"Read back: {plan.read_gbytes_per_s:g} GB/s (from {plan.read_source}), fixed cost "
             f"{plan.latency_us:g} us per read-back"
         )
     table = Table(title="Recompute or read back?" if plan.break_even else "KV per prefix")
@@ -144,9 +150,9 @@ def _render(out: Output, plan: ReadbackPlan) -> None:
     out.print(table)
     if plan.break_even is not None:
         out.print(f"Break-even: {plan.break_even.summary}.")
-    elif plan.break_even_gbps is not None:
+    elif plan.break_even_gbytes_per_s is not None:
         out.print(f"Break-even: reading back wins for long prefixes above "
-                  f"{plan.break_even_gbps:.3g} GB/s (KV bytes per token x prefill rate).")
+                  f"{plan.break_even_gbytes_per_s:.3g} GB/s (KV bytes per token x prefill rate).")
     if plan.capacity is not None:
         cap = plan.capacity
         out.print(

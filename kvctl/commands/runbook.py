@@ -10,6 +10,7 @@ from rich.table import Table
 
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.errors import CheckFailedError
+from kvctl.output import check_entry
 from kvctl.runbook.model import Verdict, load_runbook, step_kinds
 from kvctl.runbook.runner import builtin_runbook, run_runbook
 
@@ -43,7 +44,10 @@ def runbook(
     if list_checks:
         kinds = step_kinds()
         if json_out:
-            out.emit_json("runbook-checks", {"checks": {k: v.summary for k, v in kinds.items()}})
+            # checks: schema 1's name, a deprecated alias ("checks" is a verdict's list now).
+            out.emit_json("runbook.check-kinds", {
+                "kinds": [{"name": k, "summary": v.summary} for k, v in sorted(kinds.items())],
+                "checks": {k: v.summary for k, v in kinds.items()}})
         else:
             table = Table(title="runbook checks")
             table.add_column("check")
@@ -62,8 +66,13 @@ def runbook(
 
         report = run_runbook(book, progress=progress, config_file=opts.config_file())
     if json_out:
-        out.emit_json("runbook", {"runbook": report.name, "passed": report.passed,
-                                  "duration_s": report.duration_s, "results": report.results})
+        checks = [check_entry(r.check, r.verdict.value, measured=r.measured,
+                              threshold=r.threshold, hint=r.hint, details=r.details,
+                              duration_s=r.duration_s) for r in report.results]
+        # passed and results: schema 1's names, kept as deprecated aliases (docs/json.md).
+        out.emit_json("runbook.report", {"runbook": report.name, "ok": report.passed,
+                                         "duration_s": report.duration_s, "checks": checks,
+                                         "passed": report.passed, "results": report.results})
     else:
         table = Table(title=f"runbook {report.name}: "
                       f"{'PASSED' if report.passed else 'FAILED'} in {report.duration_s:.1f} s")

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from kvctl.commands._common import JsonOpt, global_options
+from kvctl.commands._common import JsonOpt, global_options, renamed_flag
 from kvctl.config import CommonSettings, redacted
 from kvctl.errors import UsageError
 from kvctl.output import Output
@@ -75,8 +75,12 @@ def pool(
         rich_help_panel=_T)] = None,
     prefill_tps: Annotated[float | None, typer.Option(
         help="Prefill throughput per instance, tokens/s.", rich_help_panel=_T)] = None,
+    pool_gbytes_per_s: Annotated[float | None, typer.Option(
+        "--pool-gbytes-per-s", help="Pool read-back bandwidth, GB/s (gigabytes: 10^9 bytes "
+        "per second).", rich_help_panel=_T)] = None,
     pool_gbps: Annotated[float | None, typer.Option(
-        help="Pool read-back bandwidth, GB/s (decimal).", rich_help_panel=_T)] = None,
+        "--pool-gbps", hidden=True,
+        help="Deprecated name of --pool-gbytes-per-s (GB/s).")] = None,
     plot: Annotated[Path | None, typer.Option(
         help="Write a PNG of recompute % against local capacity (needs matplotlib, the "
              "plot extra).",
@@ -104,7 +108,9 @@ def pool(
         system_prompt_tokens=system_prompt_tokens, min_turns=min_turns, max_turns=max_turns,
         user_tokens=user_tokens, answer_tokens=answer_tokens, answer_kv=answer_kv, seed=seed,
         instances=instances, block_size=block_size, local_blocks=local_blocks,
-        pool_blocks=pool_blocks, model=model, prefill_tps=prefill_tps, pool_gbps=pool_gbps,
+        pool_blocks=pool_blocks, model=model, prefill_tps=prefill_tps,
+        pool_gbytes_per_s=renamed_flag(opts, "--pool-gbps", pool_gbps, "--pool-gbytes-per-s",
+                                       pool_gbytes_per_s),
     )
     if keep and store is None:
         raise UsageError("--keep needs --store", "add --store HOST:PORT, or drop --keep")
@@ -133,7 +139,7 @@ def pool(
         payload = {"settings": redacted(settings), **vars(report), "store": summary}
         if plot is not None:
             payload["plot"] = str(plot)
-        out.emit_json("sim-pool", payload)
+        out.emit_json("sim.pool", payload)
         return
     _render(out, report, summary)
 
@@ -196,7 +202,7 @@ def _render(out: Output, report: PoolReport, store: StoreRunSummary | None = Non
         title=(
             f"Prefill seconds, summed over the workload ({view.model}, "
             f"{view.kv_bytes_per_token / 1024:g} KiB/token, {view.prefill_tokens_per_s:g} "
-            f"tokens/s, pool reads at {view.pool_read_gbps:g} GB/s)"
+            f"tokens/s, pool reads at {view.pool_read_gbytes_per_s:g} GB/s)"
         )
     )
     times.add_column("routing", no_wrap=True)

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.errors import UsageError
-from kvctl.output import Output
+from kvctl.output import Output, check_entry
 from kvctl.topo.doctor import Finding, Severity, has_errors, run_doctor
 from kvctl.topo.export import (
     env_lines,
@@ -89,7 +89,7 @@ def topo(
     topology = _load(ctx, sysfs_root, snapshot)
     out = global_options(ctx).output(json_mode=json_out or fmt is Format.JSON)
     if json_out or fmt is Format.JSON:
-        out.emit_json("topo", topology_payload(topology))
+        out.emit_json("topo.matrix", topology_payload(topology))
     elif fmt is Format.MOONCAKE:
         # Mooncake parses every member as [preferred, available]: no envelope here. No
         # usable HCA raises (exit 3) instead of printing a topology Mooncake rejects.
@@ -241,6 +241,8 @@ def doctor(
     if json_out:
         out.emit_json("topo.doctor", {
             "ok": not has_errors(findings),
+            "checks": [check_entry(f"{f.check} {f.subject}", _FINDING_STATUS[f.severity],
+                                   detail=f.message, hint=f.hint) for f in findings],
             "counts": counts,
             "findings": findings,
             "sources": topology_payload(topology)["sources"],
@@ -252,6 +254,10 @@ def doctor(
                   f"{counts['info']} info")
     if has_errors(findings):
         raise typer.Exit(1)
+
+
+#: A finding as a verdict entry: only errors fail the doctor.
+_FINDING_STATUS = {Severity.ERROR: "fail", Severity.WARNING: "warn", Severity.INFO: "pass"}
 
 
 def _render_findings(out: Output, findings: list[Finding]) -> None:

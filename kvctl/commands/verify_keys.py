@@ -11,7 +11,7 @@ from rich.table import Table
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.config import CommonSettings
 from kvctl.errors import ExitCode, UsageError
-from kvctl.keys.compare import Comparison, compare
+from kvctl.keys.compare import Comparison, PairResult, compare
 from kvctl.keys.manifest import (
     Manifest,
     config_from_settings,
@@ -32,7 +32,7 @@ from kvctl.keys.store_check import (
     check_store,
     open_store,
 )
-from kvctl.output import Output
+from kvctl.output import Output, check_entry
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
 
@@ -223,7 +223,8 @@ def verify_keys(
         report = _store_check(ctx, store, prompts, backend, expect_hit, seed_field, out,
                               tokenizer=tokenizer, **flags)
         if json_out:
-            out.emit_json("keys.store-check", {**vars(report), "ok": report.ok})
+            out.emit_json("keys.store-check", {**vars(report), "ok": report.ok,
+                                               "checks": _hit_checks(report)})
         else:
             _render_store_check(out, report)
         if not report.ok:
@@ -241,7 +242,8 @@ def verify_keys(
     if json_out:
         out.emit_json("keys.selfcheck", {"profile": config.profile,
                                          "block_size": config.block_size, "ok": ok,
-                                         "checks": results, "tenant_isolation": isolation})
+                                         "checks": _check_entries(results),
+                                         "tenant_isolation": _check_entries(isolation)})
     else:
         _checks_table(out, f"key self-check: {config.profile}, block size {config.block_size}",
                       results)
@@ -249,6 +251,22 @@ def verify_keys(
             _checks_table(out, "tenant isolation", isolation)
     if not ok:
         raise typer.Exit(int(ExitCode.CHECK_FAILED))
+
+
+def _check_entries(results: list[CheckResult]) -> list[dict[str, object]]:
+    """Self-check results as verdict entries (``passed``: schema 1's field, deprecated)."""
+    return [check_entry(r.name, "pass" if r.passed else "fail", detail=r.detail,
+                        passed=r.passed) for r in results]
+
+
+def _hit_checks(report: StoreCheckReport) -> list[dict[str, object]]:
+    """One check per prompt held to ``--expect-hit`` (none without it)."""
+    if report.expect_hit is None:
+        return []
+    return [check_entry(p.prompt, "fail" if p.below_expected else "pass",
+                        detail=f"{100 * p.hit_fraction:.0f}% of {p.blocks} block(s) held as a "
+                        f"prefix, expected >= {100 * report.expect_hit:g}%")
+            for p in report.prompts]
 
 
 def _store_check(ctx: typer.Context, store: str | None, prompts: Path | None, backend: str,
@@ -432,6 +450,15 @@ def _render_comparison(out: Output, result: Comparison, manifests: list[Manifest
     out.print(table)
 
 
+def _comparison_detail(r: PairResult) -> str:
+    if r.status == "missing":
+        return "the prompt is in one manifest only"
+    if r.status == "match":
+        return f"{r.blocks_a} key(s) match"
+    why = "; ".join(c.detail for c in r.causes)
+    return f"keys differ from block {r.first_diverging_block} on" + (f": {why}" if why else "")
+
+
 @app.command("compare")
 def compare_cmd(
     ctx: typer.Context,
@@ -448,7 +475,11 @@ def compare_cmd(
     loaded = [read_manifest(p) for p in manifests]
     result = compare(loaded)
     if json_out:
-        out.emit_json("keys.compare", {"ok": result.ok, "instances": result.instances,
+        checks = [check_entry(f"{r.prompt}: {r.a} / {r.b}",
+                              "pass" if r.status == "match" else "fail",
+                              detail=_comparison_detail(r)) for r in result.results]
+        out.emit_json("keys.compare", {"ok": result.ok, "checks": checks,
+                                       "instances": result.instances,
                                        "results": result.results})
     else:
         _render_comparison(out, result, loaded)

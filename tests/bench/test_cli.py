@@ -21,11 +21,12 @@ def test_json_document_schema(kvctl: Callable[..., Any]) -> None:
     assert r.exit_code == 0, r.stderr
     doc = r.json()
     assert doc["kind"] == "bench.transfer"
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     assert doc["row_schema"] == ROW_SCHEMA
     assert doc["engines"] == ["kvctl"]
     assert doc["sweep"]["transports"] == ["shm", "tcp"]
-    assert doc["verdict"] == {"ok": True, "expect_line_rate": None, "expect_gbps": None,
+    assert doc["verdict"] == {"ok": True, "expect_line_rate": None,
+                              "expect_gbytes_per_s": None, "expect_gbps": None,
                               "shortfalls": []}
     rows = doc["rows"]
     assert [(row["transport"], row["op"]) for row in rows] == [

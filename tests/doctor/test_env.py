@@ -85,10 +85,11 @@ def test_cli_json_lists_components(kvctl) -> None:
     result = kvctl("doctor", "env", "--json", "--metadata", "memory://")
     assert result.exit_code == 0
     doc = result.json()
-    assert doc["kind"] == "doctor-env"
+    assert doc["kind"] == "doctor.env"
     names = [c["name"] for c in doc["components"]]
     assert names[:5] == ["nvml", "rdma", "cuda", "mooncake", "nixl"]
     assert "memory" in names
+    assert (doc["ok"], doc["checks"]) == (True, [])  # nothing required, nothing judged
 
 
 @pytest.mark.parametrize("component", ["cuda", "nosuch"])
@@ -97,3 +98,16 @@ def test_cli_require_missing_component_exits_3(kvctl, component: str) -> None:
     assert result.exit_code == 3
     assert "Error:" in result.stderr
     assert "Hint:" in result.stderr
+
+
+def test_cli_require_says_how_a_component_is_unusable(kvctl) -> None:
+    result = kvctl("doctor", "env", "--require", "memory", "--require", "cuda", "--json",
+                   "--metadata", "memory://")
+    assert result.exit_code == 3
+    doc = result.json()
+    assert doc["ok"] is False
+    assert [(c["name"], c["status"]) for c in doc["checks"]] == [("memory", "pass"),
+                                                                ("cuda", "fail")]
+    assert "required component cuda is not available: " in result.stderr
+    assert " is unavailable" not in result.stderr
+    assert " is error" not in result.stderr

@@ -128,11 +128,11 @@ def test_bad_bench_files(tmp_path: Path, doc: Any, match: str) -> None:
 
 def test_cli_json_schema(kvctl: Callable[..., Any]) -> None:
     r = kvctl("plan", "readback", "--model", "LLAMA-3-70B", "--prefill-tps", "5000",
-              "--read-gbps", "20", "--prefix-tokens", "1000,4000", "--latency-us", "500",
+              "--read-gbytes-per-s", "20", "--prefix-tokens", "1000,4000", "--latency-us", "500",
               "--sessions", "1000", "--context-tokens", "1000", "--json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
-    assert doc["kind"] == "plan-readback"
+    assert doc["kind"] == "plan.readback"
     assert "schema_version" in doc
     assert doc["kv_bytes_per_token"] == KVB_70B
     assert [c["prefix_tokens"] for c in doc["cases"]] == [1000, 4000]

@@ -41,7 +41,7 @@ def free_port() -> int:
 
 def rows(result: CliResult) -> dict[str, dict[str, Any]]:
     doc = result.json()
-    assert doc["kind"] == "runbook"
+    assert doc["kind"] == "runbook.report"
     return {r["check"]: r for r in doc["results"]}
 
 

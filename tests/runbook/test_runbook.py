@@ -103,8 +103,10 @@ def test_every_example_runbook_parses() -> None:
 def test_cli_list_checks(kvctl) -> None:
     result = kvctl("runbook", "--list-checks", "--json")
     assert result.exit_code == 0
-    checks = result.json()["checks"]
-    assert {"topo-doctor", "verify-keys", "sim-pool", "doctor-env"} <= set(checks)
+    doc = result.json()
+    kinds = {k["name"]: k["summary"] for k in doc["kinds"]}
+    assert {"topo-doctor", "verify-keys", "sim-pool", "doctor-env"} <= set(kinds)
+    assert doc["checks"] == kinds  # schema 1's name, a deprecated alias
 
 
 def test_cli_failing_runbook_exits_1_with_json_report(kvctl, tmp_path: Path) -> None:
@@ -112,8 +114,11 @@ def test_cli_failing_runbook_exits_1_with_json_report(kvctl, tmp_path: Path) -> 
     result = kvctl("runbook", str(path), "--json")
     assert result.exit_code == 1
     doc = result.json()
-    assert doc["kind"] == "runbook"
-    assert doc["passed"] is False
+    assert doc["kind"] == "runbook.report"
+    assert doc["ok"] is doc["passed"] is False
+    status = {c["name"]: c["status"] for c in doc["checks"]}
+    assert status["doctor-env: cuda"] == "fail"
+    assert {"name", "status", "measured", "threshold", "hint"} <= set(doc["checks"][0])
     assert {"check", "verdict", "measured", "threshold", "hint"} <= set(doc["results"][0])
     assert "Error:" in result.stderr
 

@@ -16,7 +16,7 @@ def test_json_schema(kvctl: Callable[..., Any]) -> None:
     r = kvctl("sim", "pool", *SMALL, "--seed", "3", "--json")
     assert r.exit_code == 0, r.stderr
     doc = r.json()
-    assert doc["kind"] == "sim-pool"
+    assert doc["kind"] == "sim.pool"
     assert isinstance(doc["schema_version"], int)
     assert set(doc) >= {"settings", "workload", "cells", "floor", "floor_explanation",
                         "time_view"}

@@ -19,8 +19,8 @@ def test_topo_on_this_machine_says_what_is_missing(kvctl: Any) -> None:
     assert r.exit_code == 0, r.stderr
     assert "Sources:" in r.stdout
     doc = kvctl("topo", "--json").json()
-    assert doc["kind"] == "topo"
-    assert doc["schema_version"] == 1
+    assert doc["kind"] == "topo.matrix"
+    assert doc["schema_version"] == 2
     for key in ("gpus", "nics", "matrix", "preferred", "sources"):
         assert key in doc
     for name in ("sysfs", "nvml", "verbs"):

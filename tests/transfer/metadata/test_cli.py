@@ -57,7 +57,7 @@ def test_serve_prints_its_url_and_ls_get_read_it(served: str, kvctl: Kvctl) -> N
     assert r.exit_code == 0, r.stderr
     doc = r.json()
     assert doc["kind"] == "metadata.ls"
-    assert doc["schema_version"] == 1
+    assert doc["schema_version"] == 2
     assert [e["key"] for e in doc["entries"]] == ["kvctl/segments/bin", "kvctl/segments/host-a"]
     assert doc["entries"][0]["value"] is None
     assert doc["entries"][0]["value_base64"] == "/wA="
