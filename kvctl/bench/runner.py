@@ -81,7 +81,8 @@ def plan_for(sweep: Sweep, *, timeout_s: float = 30.0, peer: str | None = None,
     stride = sweep.region_bytes // sweep.threads
     return DriverPlan(region_bytes=sweep.region_bytes, thread_stride_bytes=stride,
                       threads=sweep.threads, local=sweep.local, remote=sweep.remote,
-                      timeout_s=timeout_s, peer=peer, metadata=metadata, token=token)
+                      timeout_s=timeout_s, peer=peer, metadata=metadata, token=token,
+                      nics=sweep.nics, gid_index=sweep.gid_index)
 
 
 def new_run_id() -> int:

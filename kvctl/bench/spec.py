@@ -60,6 +60,11 @@ class BenchSettings:
         segment: name the target publishes its segment under.
         max_buffer_bytes: refuse sweeps needing more memory per side than this.
         timeout: seconds one batch may take before it counts as failed.
+        nic: RDMA NICs to use and nothing else, comma-separated ``mlx5_0`` or
+            ``mlx5_0:1`` in order of preference (rdma and auto transports; empty: topo's
+            ranking per buffer).
+        gid_index: RoCE GID index on every port (default: each port's RoCE v2 IPv4-mapped
+            entry).
     """
 
     op: str = "both"
@@ -86,6 +91,8 @@ class BenchSettings:
     segment: str = "kvctl-bench"
     max_buffer_bytes: int = dataclasses.field(default=2 << 30, metadata={"unit": "size"})
     timeout: float = dataclasses.field(default=30.0, metadata={"unit": "duration"})
+    nic: str = ""
+    gid_index: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,6 +206,7 @@ class Sweep:
         verify: check patterns after each configuration.
         local / remote: buffer locations.
         sizing: model sizing when blocks are KV pages, else ``None``.
+        nics / gid_index: RDMA NIC pins and GID index (see :class:`BenchSettings`).
     """
 
     ops: tuple[Op, ...]
@@ -213,6 +221,8 @@ class Sweep:
     local: Location = CPU0
     remote: Location = CPU0
     sizing: ModelSizing | None = None
+    nics: tuple[str, ...] = ()
+    gid_index: int | None = None
 
     def configs(self) -> list[SweepConfig]:
         """Every configuration: transport-major, then op, block size, batch size."""
@@ -268,6 +278,25 @@ def parse_counts(text: str, *, what: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(values))
 
 
+def parse_rdma_pins(nic: str, gid_index: int | None) -> tuple[tuple[str, ...], int | None]:
+    """``--nic mlx5_0,mlx5_1:1`` and ``--gid-index`` checked for form (whether the devices
+    exist is the rdma transport's check, on the host that opens them).
+
+    Raises:
+        UsageError: a malformed NIC or an index outside 0-255.
+    """
+    from kvctl.transfer.transports.rdma.devices import RdmaOptions
+
+    nics = tuple(dict.fromkeys(n.strip() for n in nic.split(",") if n.strip()))
+    try:
+        RdmaOptions(nics=nics, gid_index=gid_index).check()
+    except UsageError as exc:
+        raise UsageError(f"--nic/--gid-index: {exc.cause.removeprefix('bad rdma settings: ')}",
+                         "write --nic mlx5_0,mlx5_1:1 (ibv_devices lists the devices) and "
+                         "--gid-index 0-255") from None
+    return nics, gid_index
+
+
 def build_sweep(settings: BenchSettings, *, model: ModelSpec | None = None) -> Sweep:
     """Validate ``settings`` into a :class:`Sweep`.
 
@@ -300,6 +329,7 @@ def build_sweep(settings: BenchSettings, *, model: ModelSpec | None = None) -> S
         duration = DEFAULT_DURATION_S if duration is None else duration
         if duration <= 0:
             raise UsageError(f"duration {duration}s is not positive", "use e.g. --duration 2s")
+    nics, gid_index = parse_rdma_pins(settings.nic, settings.gid_index)
     sweep = Sweep(
         ops=parse_ops(settings.op),
         transports=parse_transports(settings.transport),
@@ -313,7 +343,12 @@ def build_sweep(settings: BenchSettings, *, model: ModelSpec | None = None) -> S
         local=parse_location(settings.local_location, what="local location"),
         remote=parse_location(settings.remote_location, what="remote location"),
         sizing=sizing,
+        nics=nics,
+        gid_index=gid_index,
     )
+    if (nics or gid_index is not None) and not {"rdma", "auto"} & set(sweep.transports):
+        raise UsageError("--nic and --gid-index pick RDMA ports, and the sweep has no rdma "
+                         "or auto transport", "add -t rdma (or auto), or drop them")
     if sweep.region_bytes > settings.max_buffer_bytes:
         raise UsageError(
             f"the sweep needs {format_size(sweep.region_bytes)} of buffer per side "

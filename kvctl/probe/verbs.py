@@ -103,6 +103,8 @@ class VerbsPort:
         gids: populated GID entries.
         lid: base LID (InfiniBand; 0 on RoCE), ``None`` when not read.
         max_msg_bytes: largest message one work request may carry (``max_msg_sz``), bytes.
+        gid_table_len: entries in the port's GID table (``gid_tbl_len``), ``None`` when
+            not read.
     """
 
     port: int
@@ -115,6 +117,7 @@ class VerbsPort:
     gids: tuple[VerbsGid, ...] = ()
     lid: int | None = None
     max_msg_bytes: int | None = None
+    gid_table_len: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,6 +241,7 @@ class PyverbsBackend:
                         gids=tuple(gids),
                         lid=_int_or_none(getattr(pattr, "lid", None)),
                         max_msg_bytes=_int_or_none(getattr(pattr, "max_msg_sz", None)),
+                        gid_table_len=_int_or_none(getattr(pattr, "gid_tbl_len", None)),
                     )
                 )
         finally:

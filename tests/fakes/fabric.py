@@ -14,10 +14,13 @@ left no queue pair, memory region or native WR/SGE allocation behind.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +69,30 @@ class Fabric:
         env.update({"KVCTL_PYVERBS": PROVIDER, fv.CONFIG_ENV: str(config),
                     "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
         return env
+
+
+@contextlib.contextmanager
+def bench_target(env: dict[str, str], args: Sequence[str]) -> Iterator[str]:
+    """``kvctl bench transfer --role target ARGS`` on loopback in a child process; yields
+    the ``HOST:PORT`` an initiator passes as ``--peer`` and stops the target afterwards."""
+    target = subprocess.Popen(
+        [sys.executable, "-m", "kvctl", "bench", "transfer", "--role", "target", "--listen",
+         "127.0.0.1:0", "--serve-for", "120s", *args], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert target.stdout is not None
+        metadata = None
+        for line in target.stdout:
+            if "metadata http://" in line:
+                metadata = line.rsplit("http://", 1)[1].split()[0]
+                break
+        assert metadata, "the target never said where it serves"
+        yield metadata
+    finally:
+        target.terminate()
+        target.wait(30)
+        if target.stdout is not None:
+            target.stdout.close()
 
 
 def leftovers() -> dict[str, int]:

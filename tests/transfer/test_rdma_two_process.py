@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest
-from tests.fakes.fabric import Fabric, fabric_fixture  # noqa: F401
+from tests.fakes.fabric import Fabric, bench_target, fabric_fixture  # noqa: F401
 from tests.transfer._helpers import pattern
 
 MiB = 1 << 20
@@ -113,32 +113,16 @@ def test_bench_transfer_cli_over_rdma_between_two_fake_hosts(fabric: Fabric) -> 
     config_b = fabric.write("b", fabric.device("mlx5_0", "10.0.1.1"),
                             fabric.device("mlx5_1", "10.0.1.2"), retry_s=0.01)
     sweep = ["-t", "rdma", "-b", "64KiB,1MiB", "-n", "8"]
-    target = subprocess.Popen(
-        [sys.executable, "-m", "kvctl", "bench", "transfer", "--role", "target", "--listen",
-         "127.0.0.1:0", "--serve-for", "120s", *sweep], env=fabric.child_env(config_b),
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        assert target.stdout is not None
-        metadata = None
-        for line in target.stdout:
-            if "metadata http://" in line:
-                metadata = line.rsplit("http://", 1)[1].split()[0]
-                break
-        assert metadata, "the target never said where it serves"
+    with bench_target(fabric.child_env(config_b), sweep) as metadata:
         out = subprocess.run(
             [sys.executable, "-m", "kvctl", "bench", "transfer", "--role", "initiator",
              "--peer", metadata, *sweep, "-d", "0.2s", "--verify", "--json"],
             env=fabric.child_env(config_a), text=True, capture_output=True, timeout=120,
             check=False)
-        assert out.returncode == 0, out.stderr[-2000:]
-        rows = json.loads(out.stdout)["rows"]
-        assert len(rows) == 4
-        for row in rows:
-            assert (row["transport"], row["verified"], row["errors"]) == ("rdma", True, 0)
-            assert set(row["path"].split(", ")) == {"rdma:mlx5_0:1->mlx5_0:1[host->host]",
-                                                    "rdma:mlx5_1:1->mlx5_1:1[host->host]"}
-    finally:
-        target.terminate()
-        target.wait(30)
-        if target.stdout is not None:
-            target.stdout.close()
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = json.loads(out.stdout)["rows"]
+    assert len(rows) == 4
+    for row in rows:
+        assert (row["transport"], row["verified"], row["errors"]) == ("rdma", True, 0)
+        assert set(row["path"].split(", ")) == {"rdma:mlx5_0:1->mlx5_0:1[host->host]",
+                                                "rdma:mlx5_1:1->mlx5_1:1[host->host]"}

@@ -33,6 +33,9 @@ class DriverPlan:
         metadata: metadata URL of a two-host run, else ``None``.
         token: shared secret (``KVCTL_TOKEN``) for the target, the metadata service and the
             initiator's own engine, or ``None``.
+        nics: RDMA NICs pinned with ``--nic`` (``mlx5_0``, ``mlx5_0:1``), best first; empty:
+            topo's ranking.
+        gid_index: RoCE GID index pinned with ``--gid-index``, else ``None``.
     """
 
     region_bytes: int
@@ -44,6 +47,8 @@ class DriverPlan:
     peer: str | None = None
     metadata: str | None = None
     token: str | None = dataclasses.field(default=None, repr=False)
+    nics: tuple[str, ...] = ()
+    gid_index: int | None = None
 
     def require_host_memory(self, engine: str) -> None:
         """For drivers that benchmark host memory only (Mooncake, NIXL), on loopback or across

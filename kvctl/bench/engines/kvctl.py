@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, PathInfo
 from kvctl.bench.spec import Op
-from kvctl.bench.target import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec
+from kvctl.bench.target import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec, rdma_options
 from kvctl.errors import UsageError
 from kvctl.net.advertise import host_of
 from kvctl.net.bind import is_loopback
@@ -82,7 +82,7 @@ class KvctlDriver(EngineDriver):
         if plan.peer is None:
             self._target = EmbeddedTarget(TargetSpec(
                 region_bytes=plan.region_bytes, location=str(plan.remote), segment=self.segment,
-                token=self.token))
+                token=self.token, nics=plan.nics, gid_index=plan.gid_index))
             info = self._target.start()
             self._metadata_url = info.metadata_url
         elif plan.metadata is not None:
@@ -117,7 +117,8 @@ class KvctlDriver(EngineDriver):
         # by registering them) stays on loopback, whatever host the metadata service is on.
         engine = TransferEngine(f"kvctl-bench-init-{tag}", metadata=self._metadata_url,
                                 transport=transport, timeout_s=plan.timeout_s, token=self.token,
-                                listen="127.0.0.1:0", advertise=["127.0.0.1"])
+                                listen="127.0.0.1:0", advertise=["127.0.0.1"],
+                                rdma=rdma_options(plan.nics, plan.gid_index, plan.timeout_s))
         try:
             self._local_name = f"kvctl-bench-local-{tag}"
             if self._file_fd is not None and plan.local.path is not None:

@@ -217,7 +217,8 @@ def _port_usable(dev: VerbsDevice, port: VerbsPort, gid_index: int | None
     if gid_index is not None:
         entry = next((g for g in port.gids if g.index == gid_index), None)
         if entry is None:
-            return None, f"{where}: GID index {gid_index} is empty"
+            filled = ", ".join(str(g.index) for g in port.gids) or "none"
+            return None, f"{where}: GID index {gid_index} is empty (populated: {filled})"
         if entry.type != ROCE_V2:
             _log.warning("%s: GID index %d is %s, not RoCE v2: it does not cross routers",
                          where, gid_index, entry.type or "of unknown type")
@@ -262,6 +263,43 @@ def select_ports(report: VerbsReport, options: RdmaOptions
     return chosen, rejected
 
 
+def check_pins(report: VerbsReport, options: RdmaOptions) -> None:
+    """Check the NICs pinned by ``options.nics`` and its ``gid_index`` against the devices
+    ``report`` lists: a pin naming no device or port here, or a GID index past a RoCE
+    port's GID table, is a misconfiguration (fatal, also under transport ``auto``).
+
+    Raises:
+        UsageError: naming the devices (and ports) present, or the GID table's size.
+    """
+    from kvctl.errors import UsageError
+
+    by_name = {d.name: d for d in report.devices}
+    present = ", ".join(sorted(by_name)) or "none"
+    ports: list[tuple[VerbsDevice, VerbsPort]] = []
+    for dev_name, port_num in _pins(options.nics) or [(d, None) for d in sorted(by_name)]:
+        dev = by_name.get(dev_name)
+        if dev is None:
+            raise UsageError(f"RDMA device {dev_name!r} is not on this host (present: "
+                             f"{present})", "pin one of them (ibv_devices lists them), "
+                             "e.g. --nic " + (min(by_name) if by_name else "mlx5_0"))
+        matched = [p for p in dev.ports if port_num is None or p.port == port_num]
+        if not matched:
+            have = ", ".join(f"{dev_name}:{p.port}" for p in dev.ports) or "none"
+            raise UsageError(f"RDMA device {dev_name} has no port {port_num} (ports: {have})",
+                             f"pin {dev_name} (all its ports) or one of {have}")
+        ports.extend((dev, p) for p in matched)
+    if options.gid_index is None:
+        return
+    for dev, port in ports:
+        size = port.gid_table_len
+        if port.link_layer == _ETH and size is not None and options.gid_index >= size:
+            raise UsageError(
+                f"GID index {options.gid_index} is past the GID table of {dev.name}:"
+                f"{port.port} ({size} entries: 0-{size - 1})",
+                "pick a populated index (show_gids or ibv_devinfo -v lists them), or drop "
+                "--gid-index to use the port's RoCE v2 IPv4-mapped entry")
+
+
 def _hint_for(rejected: Sequence[str]) -> str:
     text = " ".join(rejected)
     if "EFA" in text and "state" not in text:
@@ -281,7 +319,11 @@ def _hint_for(rejected: Sequence[str]) -> str:
 def probe(options: RdmaOptions, verbs: Verbs | None = None,
           report: VerbsReport | Unavailable | None = None) -> Probe:
     """Which ports the transport may use here, or why none (never raises for absent
-    hardware; ``report`` replays a recorded answer)."""
+    hardware; ``report`` replays a recorded answer).
+
+    Raises:
+        UsageError: pinned NICs or the GID index do not fit this host (:func:`check_pins`).
+    """
     if report is None:
         if verbs is None:
             try:
@@ -295,6 +337,7 @@ def probe(options: RdmaOptions, verbs: Verbs | None = None,
         return Probe((), (), reason,
                      "load the NIC's RDMA driver (mlx5_ib, irdma, rdma_rxe for soft-RoCE) "
                      "and check ibv_devices")
+    check_pins(report, options)
     usable, rejected = select_ports(report, options)
     if usable:
         for line in rejected:

@@ -351,9 +351,9 @@ def rdma_probe(options: RdmaOptions | None = None) -> Probe:
     opts = options or RdmaOptions()
     try:
         opts.check()
+        return devices.probe(opts)
     except UsageError as exc:
         return Probe((), (), exc.cause, exc.hint)
-    return devices.probe(opts)
 
 
 def rdma_unavailable_reason(devices_wanted: Sequence[str] = ()) -> str | None:
