@@ -27,9 +27,13 @@ def agent(
         "--ttl", help="Lease TTL: a dead agent vanishes within it.")] = "10s",
     poll: Annotated[str, typer.Option(
         "--poll", help="How often to look for jobs.")] = "0.5s",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on this port of every interface, "
+        "on loopback only with a token (0 = any free; default: off).",
+        show_default=False)] = None,
     metrics_listen: Annotated[str | None, typer.Option(
-        "--metrics-listen", help="Serve Prometheus metrics on HOST:PORT (0.0.0.0:9470 for "
-        "other hosts; default: off).", show_default=False)] = None,
+        "--metrics-listen", help="Serve Prometheus metrics on HOST:PORT instead (loopback "
+        "only with a token).", show_default=False)] = None,
     max_buffer: Annotated[str, typer.Option(
         "--max-buffer", help="Most memory one job may ask for (a target, a bench).")] = "2GiB",
     json_out: JsonOpt = False,
@@ -42,13 +46,16 @@ def agent(
     single-host runbook, store roles and key manifests on request. KVCTL_TOKEN signs
     everything it publishes and refuses unsigned jobs.
 
-    Example: kvctl agent --metadata etcd://10.0.0.5:2379 --metrics-listen 0.0.0.0:9470
+    Example: kvctl agent --metadata etcd://10.0.0.5:2379 --metrics-port 9470
     """
+    import msgspec
+
     from kvctl.cluster.agent import Agent
     from kvctl.cluster.facts import collect_facts
     from kvctl.cluster.jobs import default_handlers
     from kvctl.metrics import ServerMetrics
-    from kvctl.net.bind import parse_listen
+    from kvctl.net.advertise import join_host_port
+    from kvctl.net.bind import is_unspecified, parse_listen
     from kvctl.transfer.metadata import open_metadata
     from kvctl.transfer.metadata.base import service_host
 
@@ -65,18 +72,26 @@ def agent(
         raise UsageError(f"--poll {poll} is not between 0 and --ttl {ttl}",
                          "poll several times per TTL, e.g. --ttl 10s --poll 0.5s")
     limit = parse_size(max_buffer, what="--max-buffer")
+    if metrics_port is not None and metrics_listen is not None:
+        raise UsageError("--metrics-port and --metrics-listen both given",
+                         "give one: --metrics-port 9470, or --metrics-listen HOST:9470")
     client = open_metadata(url, token=common.token)
     metrics = None
     metrics_url = None
     try:
-        if metrics_listen is not None:
-            host, port = parse_listen(metrics_listen, default_port=9470)
+        if metrics_listen is not None or metrics_port is not None:
+            host, port = (parse_listen(metrics_listen, default_port=9470) if metrics_listen
+                          else ("0.0.0.0", metrics_port or 0))
             metrics = ServerMetrics("kvctl_agent")
-            bound = metrics.serve(host, port)
-            metrics_url = f"http://{host}:{bound}/metrics"
+            host, bound = metrics.serve_for(host, port, token=common.token)
         record, topology = collect_facts(hostname=hostname, toward=service_host(url),
                                          advertise=advertise, lease_ttl_s=ttl_s,
-                                         poll_s=poll_s, metrics=metrics_url)
+                                         poll_s=poll_s)
+        if metrics is not None:
+            # A wildcard bind is reached at the address the agent registers.
+            shown = record.address if is_unspecified(host) else host
+            metrics_url = f"http://{join_host_port(shown, bound)}/metrics"
+            record = msgspec.structs.replace(record, metrics=metrics_url)
         handlers = default_handlers(topology=topology, config_file=opts.config_file(),
                                     max_region_bytes=limit)
         with stop_on_signal() as stop:
@@ -85,7 +100,7 @@ def agent(
             try:
                 rec = running.record
                 if json_out:
-                    out.emit_json("agent", {
+                    out.emit_json("agent.record", {
                         "hostname": rec.hostname, "agent_id": rec.agent_id,
                         "metadata": url, "address": rec.address, "addresses": rec.addresses,
                         "rails": [{"index": r.index, "nic": r.nic, "address": r.address}

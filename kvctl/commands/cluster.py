@@ -18,7 +18,7 @@ from rich.text import Text
 from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, stop_on_signal
 from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
-from kvctl.output import Output
+from kvctl.output import Output, check_entry
 from kvctl.units import parse_duration
 
 if TYPE_CHECKING:
@@ -465,9 +465,13 @@ def runbook(
     if json_out:
         from kvctl.cluster.report import report_payload
 
+        # passed and results: schema 1's names, deprecated aliases of ok and checks.
         out.emit_json("cluster.runbook", {
-            "passed": report.passed, "duration_s": report.duration_s,
+            "ok": report.passed, "duration_s": report.duration_s,
             "hosts": list(report.hosts),
+            "checks": [check_entry(f"{r.host}: {r.check}", r.verdict.value, host=r.host,
+                                   measured=r.measured, hint=r.hint) for r in report.rows],
+            "passed": report.passed,
             "results": [{"host": r.host, "check": r.check, "verdict": r.verdict.value,
                          "measured": r.measured, "hint": r.hint} for r in report.rows],
             "bench": report_payload(report.bench) if report.bench is not None else None})
