@@ -325,6 +325,7 @@ class SweepRunner:
             for i in range(batch):
                 view = self.driver.local_view(thread * self._stride + i * size, size)
                 pattern.fill(view, thread * batch + i)
+            self.driver.sync_local(thread * self._stride, batch * size)  # e.g. into GPU memory
         for thread in threads:
             self._must(self.driver.run_batch(config.transport, Op.WRITE, size, batch, thread)
                        .errors, where, "writing the pattern")
@@ -333,10 +334,12 @@ class SweepRunner:
         for thread in threads:
             view = self.driver.local_view(thread * self._stride, batch * size)
             view[:] = bytes(len(view))
+            self.driver.sync_local(thread * self._stride, batch * size)
         for thread in threads:
             self._must(self.driver.run_batch(config.transport, Op.READ, size, batch, thread)
                        .errors, where, "reading the pattern back")
         for thread in threads:
+            self.driver.refresh_local(thread * self._stride, batch * size)
             for i in range(batch):
                 view = self.driver.local_view(thread * self._stride + i * size, size)
                 check_block(pattern, view, thread * batch + i,

@@ -500,6 +500,37 @@ class TransferEngine:
                              "move bytes with transfers, or use a shm/host segment")
         return view
 
+    def read_local(self, name: str, offset: int, dest: memoryview) -> None:
+        """Copy ``len(dest)`` bytes at segment ``offset`` of local segment ``name`` into
+        ``dest``, whatever its kind (GPU memory is copied through pinned host memory, a
+        file is read).
+
+        Raises:
+            SegmentNotFoundError: no such local segment.
+            UsageError: the range is outside the segment or spans two buffers.
+        """
+        buf, rel = self._local_segment(name).locate(offset, dest.nbytes)
+        buf.read_into(rel, dest)
+
+    def write_local(self, name: str, offset: int, src: memoryview) -> None:
+        """Copy ``src`` to segment ``offset`` of local segment ``name``, whatever its kind
+        (the counterpart of :meth:`read_local`).
+
+        Raises:
+            SegmentNotFoundError: no such local segment.
+            UsageError: the range is outside the segment or spans two buffers.
+        """
+        buf, rel = self._local_segment(name).locate(offset, src.nbytes)
+        buf.write_from(rel, src)
+
+    def _local_segment(self, name: str) -> LocalSegment:
+        seg = self._segments.get(name)
+        if seg is None:
+            raise SegmentNotFoundError(
+                f"local segment {name!r} is not registered in engine {self.name!r}",
+                "see engine.local_segments()")
+        return seg
+
     def hold_local(self, name: str, offset: int, length: int
                    ) -> tuple[memoryview, Callable[[], None]] | None:
         """A view of ``length`` bytes at ``offset`` of local segment ``name``, counted as a

@@ -142,10 +142,12 @@ class EngineDriver(abc.ABC):
         """Writable view of ``length`` bytes of the local region at ``offset`` (for verify)."""
 
     def sync_local(self, offset: int, length: int) -> None:  # noqa: B027 - optional hook
-        """Make writes through :meth:`local_view` visible to the engine (file-backed regions)."""
+        """Make writes through :meth:`local_view` visible to the engine (regions the view
+        only mirrors, such as GPU memory)."""
 
     def refresh_local(self, offset: int, length: int) -> None:  # noqa: B027 - optional hook
-        """Make the engine's writes visible through :meth:`local_view` (file-backed regions)."""
+        """Make the engine's writes visible through :meth:`local_view` (regions the view
+        only mirrors, such as GPU memory)."""
 
     @abc.abstractmethod
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:

@@ -1,9 +1,11 @@
 """kvctl's own transfer engine (:mod:`kvctl.transfer.engine`) as a benchmark driver.
 
-The local region is an anonymous mapping registered with ``register_memory`` (``cpu``) or a
-file segment (``file:PATH``). One initiator engine runs at a time, opened with the
-transport under test; the target is an :class:`~kvctl.bench.target.EmbeddedTarget` on
-loopback unless ``peer`` names one.
+The local region is an anonymous mapping registered with ``register_memory`` (``cpu``), a
+file segment (``file:PATH``) or a GPU segment (``cuda:N``: the engine's own GPU memory, the
+one its transports reach by dma-buf, peermem or staging; verification patterns go through a
+host copy of it, moved in and out with the engine's ``write_local``/``read_local``). One
+initiator engine runs at a time, opened with the transport under test; the target is an
+:class:`~kvctl.bench.target.EmbeddedTarget` on loopback unless ``peer`` names one.
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ def describe_paths(paths: Iterable[str]) -> str:
     return ", ".join(parts) if parts else "-"
 
 
+def check_gpu(index: int) -> None:
+    """Whether GPU ``cuda:index`` can hold a GPU segment here, allocating one byte through
+    the engine's own GPU path (torch, under ``CUDA_VISIBLE_DEVICES``).
+
+    Raises:
+        UnavailableError: no torch, no CUDA device, or no device ``cuda:index``.
+    """
+    from kvctl.transfer.segments import create_gpu_segment
+
+    create_gpu_segment("kvctl-bench-gpu-check", 1, device_index=index).close()
+
+
 class KvctlDriver(EngineDriver):
     """Drives :class:`kvctl.transfer.engine.TransferEngine`."""
 
@@ -74,11 +88,7 @@ class KvctlDriver(EngineDriver):
         if plan.token is not None:
             self.token = plan.token
         if plan.local.kind == "cuda":
-            from kvctl.errors import UnavailableError
-
-            raise UnavailableError(
-                "the benchmark's local side supports cpu:N and file:PATH, not cuda",
-                "use --local-location cpu:0 (GPU targets: --remote-location cuda:N)")
+            check_gpu(plan.local.index)
         if plan.peer is None:
             self._target = EmbeddedTarget(TargetSpec(
                 region_bytes=plan.region_bytes, location=str(plan.remote), segment=self.segment,
@@ -124,6 +134,9 @@ class KvctlDriver(EngineDriver):
             if self._file_fd is not None and plan.local.path is not None:
                 engine.register_segment(self._local_name, plan.region_bytes, kind="file",
                                         path=plan.local.path)
+            elif plan.local.kind == "cuda":
+                engine.register_segment(self._local_name, plan.region_bytes, kind="gpu",
+                                        location=str(plan.local))
             else:
                 engine.register_memory(self._local_name, [self._mm], location=str(plan.local))
             self._poke_name = f"kvctl-bench-poke-{tag}"
@@ -204,6 +217,16 @@ class KvctlDriver(EngineDriver):
         if self._mm is None:
             raise UsageError("driver not started", "call start() first")
         return memoryview(self._mm)[offset : offset + length]
+
+    def sync_local(self, offset: int, length: int) -> None:
+        """GPU regions: copy the host view's bytes into GPU memory (files share the view)."""
+        if self._require_plan().local.kind == "cuda" and self._engine is not None:
+            self._engine.write_local(self._local_name, offset, self.local_view(offset, length))
+
+    def refresh_local(self, offset: int, length: int) -> None:
+        """GPU regions: copy GPU memory into the host view (files share the view)."""
+        if self._require_plan().local.kind == "cuda" and self._engine is not None:
+            self._engine.read_local(self._local_name, offset, self.local_view(offset, length))
 
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:
         from kvctl.transfer.batch import OpCode, TransferRequest
