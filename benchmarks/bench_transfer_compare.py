@@ -38,7 +38,7 @@ def _table(report: BenchReport, tcp_gbps: float, memcpy_gbps: float) -> str:
         for size in report.sweep.block_sizes_bytes:
             cells = [op, format_size(size)]
             got = {e: index.get((e, op, size)) for e in engines}
-            cells += [f"{got[e].throughput_gbps:.3f}" if got[e] else "-" for e in engines]
+            cells += [f"{got[e].throughput_gbytes_per_s:.3f}" if got[e] else "-" for e in engines]
             for e in engines[1:]:
                 row = got[e]
                 cells.append(f"{row.ratio_vs_baseline:.2f}x"
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     report = run_transfer_bench(sweep, RunOptions(engines=engines),
                                 on_progress=lambda e: print(f"  {e.engine} {e.label}",
                                                             file=sys.stderr))
-    text = _table(report, tcp.gbps, memcpy.gbps)
+    text = _table(report, tcp.gbytes_per_s, memcpy.gbytes_per_s)
     if args.out is not None:
         args.out.write_text(text, encoding="utf-8")
         print(f"wrote {args.out}", file=sys.stderr)

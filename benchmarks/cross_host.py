@@ -97,7 +97,7 @@ def main() -> int:
                 if row["errors"] or not row["verified"]:
                     raise RuntimeError(f"row failed: {row}")
                 key = (row["engine"], row["op"], row["block_size_bytes"])
-                figures.setdefault(key, []).append(row["throughput_gbps"])
+                figures.setdefault(key, []).append(row["throughput_gbytes_per_s"])
             raw["A->B"].append(raw_stream(net, 0, 1, max(2.0, args.duration * 2)))
             time.sleep(0.5)
     med = {k: statistics.median(v) for k, v in figures.items()}

@@ -14,13 +14,15 @@ part (``KVCTL_TOKEN``). Unknown sections, unknown keys and values of the wrong t
 :class:`~kvctl.errors.ConfigError` naming their source (file and key, or variable name).
 
 Field metadata ``{"unit": "size"}`` parses ``64KiB``-style sizes, ``{"unit": "duration"}``
-parses ``250ms``-style durations, and ``{"secret": True}`` keeps a value out of every
-rendering (:func:`redacted`).
+parses ``250ms``-style durations, ``{"secret": True}`` keeps a value out of every
+rendering (:func:`redacted`), and ``{"old_name": "expect_gbps"}`` still accepts a renamed
+key under its old name (file, environment, runbook step) with a deprecation warning.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import types
 import typing
@@ -33,6 +35,8 @@ from kvctl.units import parse_duration, parse_size
 from kvctl.yamlfile import load_yaml
 
 T = TypeVar("T")
+
+_log = logging.getLogger("kvctl.config")
 
 ENV_PREFIX = "KVCTL_"
 #: Environment variables that are not settings of any section.
@@ -151,7 +155,8 @@ def load_section(
     if config_file is not None:
         body = read_config_file(config_file).get(section, {})
         for key, raw in body.items():
-            name = str(key).replace("-", "_")
+            name = _current_name(fields, str(key).replace("-", "_"),
+                                 f"config file {config_file}: {section}.{key}")
             if name not in fields:
                 raise ConfigError(
                     f"config file {config_file}: unknown key {section}.{key}",
@@ -161,11 +166,18 @@ def load_section(
             values[name] = _coerce(raw, hints[name], fields[name], source)
 
     env_fields = {env_name(section, name): name for name in fields}
+    env_old = {env_name(section, f.metadata["old_name"]): name
+               for name, f in fields.items() if "old_name" in f.metadata}
     section_prefix = f"{ENV_PREFIX}{section.upper()}_"
     for var, raw in env.items():
         if var in env_fields:
             name = env_fields[var]
             values[name] = _coerce(raw, hints[name], fields[name], f"environment {var}")
+        elif var in env_old:
+            name = env_old[var]
+            _deprecated(f"environment {var}", env_name(section, name))
+            values.setdefault(name, _coerce(raw, hints[name], fields[name],
+                                            f"environment {var}"))
         elif section != "common" and var.startswith(section_prefix) and var not in RESERVED_ENV:
             raise ConfigError(
                 f"environment variable {var} is not a setting of {section!r}",
@@ -195,7 +207,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], source: str) -> T:
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for key, raw in data.items():
-        name = str(key).replace("-", "_")
+        name = _current_name(fields, str(key).replace("-", "_"), f"{source}: {key}")
         if name not in fields or not fields[name].init:
             raise ConfigError(
                 f"{source}: unknown key {key!r}",
@@ -206,6 +218,22 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], source: str) -> T:
         return cls(**values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}", "check the required keys and their values") from None
+
+
+def _current_name(fields: Mapping[str, dataclasses.Field[Any]], name: str, source: str) -> str:
+    """``name``, or the field it was renamed to (warned about as deprecated)."""
+    if name in fields:
+        return name
+    for current, f in fields.items():
+        if f.metadata.get("old_name") == name:
+            _deprecated(source, current)
+            return current
+    return name
+
+
+def _deprecated(source: str, new: str) -> None:
+    _log.warning("%s is deprecated and will be removed in the next release; use %s instead",
+                 source, new)
 
 
 def redacted(settings: object) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 from kvctl.errors import UsageError
 
@@ -122,6 +123,40 @@ def format_size(size_bytes: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def gbps(size_bytes: float, seconds: float) -> float:
-    """Throughput in GB/s (decimal: 10^9 bytes per second)."""
+def gbytes_per_s(size_bytes: float, seconds: float) -> float:
+    """Throughput in GB/s (gigabytes, decimal: 10^9 bytes per second)."""
     return size_bytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+#: JSON keys renamed to name their unit (``gbytes`` = 10^9 bytes, ``gbits`` = 10^9 bits), and
+#: the ambiguous ``gbps`` key each replaced. The old key is still written next to the new one
+#: for one release (schema_version 2); it goes in the next.
+DEPRECATED_KEYS: dict[str, str] = {
+    "throughput_gbytes_per_s": "throughput_gbps",
+    "throughput_gbits_per_s": "throughput_gbitps",
+    "line_rate_gbytes_per_s": "line_rate_gbps",
+    "expect_gbytes_per_s": "expect_gbps",
+    "read_gbytes_per_s": "read_gbps",
+    "break_even_gbytes_per_s": "break_even_gbps",
+    "pool_gbytes_per_s": "pool_gbps",
+    "pool_read_gbytes_per_s": "pool_read_gbps",
+    "rate_gbits_per_s": "rate_gbps",
+}
+
+
+def with_deprecated_keys(value: Any) -> Any:
+    """``value`` (JSON data) with each renamed key's old name added after it, same value.
+
+    Mappings and lists are walked; a mapping that already has the old key keeps its own.
+    """
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out[key] = with_deprecated_keys(item)
+            old = DEPRECATED_KEYS.get(key)
+            if old is not None and old not in value:
+                out[old] = out[key]
+        return out
+    if isinstance(value, list):
+        return [with_deprecated_keys(item) for item in value]
+    return value

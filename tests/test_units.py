@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvctl.errors import UsageError
-from kvctl.units import format_size, gbps, parse_duration, parse_size, parse_size_list
+from kvctl.units import format_size, gbytes_per_s, parse_duration, parse_size, parse_size_list
 
 
 @pytest.mark.parametrize(
@@ -71,5 +71,5 @@ def test_format_size_round_trips_within_rounding(n: int) -> None:
 
 
 def test_gbps_is_decimal() -> None:
-    assert gbps(2e9, 1.0) == pytest.approx(2.0)
-    assert gbps(1, 0) == 0.0
+    assert gbytes_per_s(2e9, 1.0) == pytest.approx(2.0)
+    assert gbytes_per_s(1, 0) == 0.0

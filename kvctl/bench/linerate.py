@@ -37,18 +37,18 @@ class LineRate:
     """The expected ceiling of a path.
 
     Attributes:
-        gbps: bytes per second / 10^9 (GB/s, decimal).
+        gbytes_per_s: bytes per second / 10^9 (GB/s: gigabytes, decimal).
         source: how it was obtained: ``memcpy``, ``tcp-loopback``, ``nic mlx5_0 (200 Gbit/s)``,
             ``given``.
     """
 
-    gbps: float
+    gbytes_per_s: float
     source: str
 
     @property
-    def gbitps(self) -> float:
+    def gbits_per_s(self) -> float:
         """The same rate in Gbit/s."""
-        return self.gbps * 8
+        return self.gbytes_per_s * 8
 
 
 def measure_memcpy(size_bytes: int = 64 << 20, duration_s: float = 0.25) -> LineRate:
@@ -152,7 +152,7 @@ def measure_tcp_loopback(duration_s: float = 0.3, *, streams: int = 4,
 def best_tcp_loopback(rounds: int = 3, round_s: float = 0.12, *, streams: int = 4) -> LineRate:
     """The best of ``rounds`` short loopback streams: a busy host lowers single readings."""
     return max((measure_tcp_loopback(round_s, streams=streams) for _ in range(rounds)),
-               key=lambda rate: rate.gbps)
+               key=lambda rate: rate.gbytes_per_s)
 
 
 def nic_line_rate(topology: Topology, location: str, *, rdma_only: bool) -> LineRate | None:

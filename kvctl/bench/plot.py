@@ -61,7 +61,7 @@ def plot_rows(rows: Sequence[ResultRow], path: Path, *, title: str = "kvctl benc
         points.sort(key=lambda r: r.block_size_bytes)
         xs = [r.block_size_bytes for r in points]
         label = f"{engine} {op} {transport} x{batch}"
-        ax_tp.plot(xs, [r.throughput_gbps for r in points], marker="o", label=label)
+        ax_tp.plot(xs, [r.throughput_gbytes_per_s for r in points], marker="o", label=label)
         ax_lat.plot(xs, [r.batch_latency_p99_us for r in points], marker="o", label=label)
     for ax in (ax_tp, ax_lat):
         ax.set_xscale("log", base=2)

@@ -14,7 +14,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from kvctl.bench.result import ROW_FIELDS, ROW_SCHEMA, ResultRow, Shortfall, row_to_dict
+from kvctl.bench.result import OUTPUT_FIELDS, ROW_SCHEMA, ResultRow, Shortfall, row_to_dict
 from kvctl.bench.runner import Skipped
 from kvctl.bench.spec import Sweep
 
@@ -30,7 +30,7 @@ class BenchReport:
         rows: one per configuration and engine that ran.
         skipped: engines or transports that could not run here, with reasons and hints.
         shortfalls: configurations that missed ``--expect-*`` or had failed requests.
-        expect_line_rate / expect_gbps: the thresholds, if any.
+        expect_line_rate / expect_gbytes_per_s: the thresholds, if any.
         peer: the target (``None``: embedded on loopback).
     """
 
@@ -41,7 +41,7 @@ class BenchReport:
     skipped: tuple[Skipped, ...] = ()
     shortfalls: tuple[Shortfall, ...] = ()
     expect_line_rate: float | None = None
-    expect_gbps: float | None = None
+    expect_gbytes_per_s: float | None = None
     peer: str | None = None
 
     @property
@@ -82,7 +82,8 @@ def report_payload(report: BenchReport) -> dict[str, Any]:
         "verdict": {
             "ok": report.ok,
             "expect_line_rate": report.expect_line_rate,
-            "expect_gbps": report.expect_gbps,
+            "expect_gbytes_per_s": report.expect_gbytes_per_s,
+            "expect_gbps": report.expect_gbytes_per_s,  # deprecated name, one release
             "shortfalls": [dataclasses.asdict(s) for s in report.shortfalls],
         },
     }
@@ -98,8 +99,9 @@ def to_csv(rows: Sequence[ResultRow]) -> str:
     """A header of field names (``row_schema`` first) and one line per row; empty = null."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(("row_schema", *ROW_FIELDS))
+    writer.writerow(("row_schema", *OUTPUT_FIELDS))
     for row in rows:
         data = row_to_dict(row)
-        writer.writerow((ROW_SCHEMA, *("" if data[f] is None else data[f] for f in ROW_FIELDS)))
+        writer.writerow((ROW_SCHEMA, *("" if data[f] is None else data[f]
+                                       for f in OUTPUT_FIELDS)))
     return out.getvalue()

@@ -1,11 +1,14 @@
 """Result rows of a transfer benchmark and the schema scripts rely on.
 
 Every row is one configuration through one engine. Units are in the field names: ``_bytes``,
-``_s`` (seconds), ``_us`` (microseconds), ``_gbps`` (GB/s, decimal: 10^9 bytes per second),
-``_gbitps`` (Gbit/s). ``None`` (JSON ``null``) means "not measured" or "not known", never 0.
+``_s`` (seconds), ``_us`` (microseconds), ``_gbytes_per_s`` (GB/s, gigabytes, decimal: 10^9
+bytes per second), ``_gbits_per_s`` (Gbit/s: 10^9 bits per second, the unit of NIC port rates
+and ib_write_bw). ``None`` (JSON ``null``) means "not measured" or "not known", never 0.
 
 Bump :data:`ROW_SCHEMA` when a field changes meaning or disappears; adding a field is
-compatible.
+compatible. Row schema 2 renamed ``throughput_gbps``, ``throughput_gbitps`` and
+``line_rate_gbps`` (:data:`kvctl.units.DEPRECATED_KEYS`); the old keys are still written, last,
+for one release.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvctl.errors import CheckFailedError
-from kvctl.units import format_size
+from kvctl.units import DEPRECATED_KEYS, format_size
 
 #: Identifier of the row layout in ``--json``/``--jsonl``/``--csv`` output.
-ROW_SCHEMA = "kvctl.bench.transfer.row/1"
+ROW_SCHEMA = "kvctl.bench.transfer.row/2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,15 +41,18 @@ class ResultRow:
         batches / requests: timed batches and requests (all threads).
         bytes_moved: bytes of completed timed requests.
         elapsed_s: wall time of the timed phase.
-        throughput_gbps: bytes_moved / elapsed_s / 10^9 (GB/s, decimal).
-        throughput_gbitps: the same in Gbit/s.
+        throughput_gbytes_per_s: bytes_moved / elapsed_s / 10^9 (GB/s: gigabytes, decimal).
+        throughput_gbits_per_s: the same in Gbit/s (x 8).
         requests_per_s: completed requests per second.
         batch_latency_*_us: submit-to-all-done time of timed batches.
         request_latency_*_us: one request alone (batch of 1, unloaded) of the same size.
         errors: failed or timed-out requests (timed phase).
         retries: slices retried on another path; ``None`` when the engine does not report it.
-        line_rate_gbps / line_rate_source: the path's expected ceiling and where it came from.
-        line_rate_fraction: throughput_gbps / line_rate_gbps.
+        line_rate_gbytes_per_s / line_rate_source: the path's ceiling (GB/s) and how it was
+            obtained (:mod:`kvctl.bench.linerate`: measured with this row's shape, in this run).
+        line_rate_fraction: throughput_gbytes_per_s / line_rate_gbytes_per_s.
+        line_rate_valid: ``False`` when the row beat its line rate (fraction above 1): the
+            baseline is wrong and no verdict is drawn from it; ``None`` without a line rate.
         verified: ``True`` when every block's pattern was checked; ``None`` when not asked.
         ratio_vs_baseline: throughput / the baseline engine's throughput for the same
             configuration (``None`` for the baseline itself or without a match).
@@ -67,8 +73,8 @@ class ResultRow:
     requests: int
     bytes_moved: int
     elapsed_s: float
-    throughput_gbps: float
-    throughput_gbitps: float
+    throughput_gbytes_per_s: float
+    throughput_gbits_per_s: float
     requests_per_s: float
     batch_latency_p50_us: float
     batch_latency_p99_us: float
@@ -81,9 +87,10 @@ class ResultRow:
     request_latency_stddev_us: float
     errors: int
     retries: int | None
-    line_rate_gbps: float | None
+    line_rate_gbytes_per_s: float | None
     line_rate_source: str | None
     line_rate_fraction: float | None
+    line_rate_valid: bool | None
     verified: bool | None
     ratio_vs_baseline: float | None = None
     model: str | None = None
@@ -99,19 +106,23 @@ class ResultRow:
         return (self.op, self.transport_requested, self.block_size_bytes, self.batch_size)
 
 
-#: Field names in order: the CSV header and the keys of every JSON row.
+#: Field names in order: the CSV header and the keys of every JSON row; the deprecated
+#: names of renamed fields come last (same values), for one release.
 ROW_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ResultRow))
+_OLD_FIELDS: tuple[tuple[str, str], ...] = tuple(
+    (DEPRECATED_KEYS[name], name) for name in ROW_FIELDS if name in DEPRECATED_KEYS)
+OUTPUT_FIELDS: tuple[str, ...] = ROW_FIELDS + tuple(old for old, _ in _OLD_FIELDS)
 
 
 def with_ratios(rows: Sequence[ResultRow], baseline_engine: str) -> list[ResultRow]:
     """Rows with ``ratio_vs_baseline`` filled against ``baseline_engine``'s matching rows."""
-    base = {r.key(): r.throughput_gbps for r in rows if r.engine == baseline_engine}
+    base = {r.key(): r.throughput_gbytes_per_s for r in rows if r.engine == baseline_engine}
     out: list[ResultRow] = []
     for row in rows:
         ref = base.get(row.key())
         ratio = None
         if row.engine != baseline_engine and ref:
-            ratio = row.throughput_gbps / ref
+            ratio = row.throughput_gbytes_per_s / ref
         out.append(dataclasses.replace(row, ratio_vs_baseline=ratio))
     return out
 
@@ -130,27 +141,38 @@ class Shortfall:
 
 
 def shortfalls(rows: Sequence[ResultRow], *, expect_line_rate: float | None = None,
-               expect_gbps: float | None = None) -> list[Shortfall]:
-    """Configurations below ``expect_gbps`` GB/s or ``expect_line_rate`` of their line rate,
-    or with failed requests. A row with no known line rate cannot meet a line-rate
-    expectation and is reported as such."""
+               expect_gbytes_per_s: float | None = None) -> list[Shortfall]:
+    """Configurations below ``expect_gbytes_per_s`` GB/s or ``expect_line_rate`` of their line
+    rate, or with failed requests. A row with no known line rate, or one that beat its line
+    rate (the baseline is wrong), cannot be judged against a line-rate expectation and is
+    reported as such."""
     out: list[Shortfall] = []
     for row in rows:
         if row.errors:
             out.append(Shortfall(row.label(), f"{row.errors} request(s) failed"))
-        if expect_gbps is not None and row.throughput_gbps < expect_gbps:
+        tp = row.throughput_gbytes_per_s
+        if expect_gbytes_per_s is not None and tp < expect_gbytes_per_s:
             out.append(Shortfall(
-                row.label(), f"{row.throughput_gbps:.3f} GB/s < expected {expect_gbps:g} GB/s"))
+                row.label(), f"{tp:.3f} GB/s < expected {expect_gbytes_per_s:g} GB/s"))
         if expect_line_rate is not None:
             if row.line_rate_fraction is None:
                 out.append(Shortfall(row.label(), "line rate unknown for this path"))
+            elif row.line_rate_valid is False:
+                out.append(Shortfall(row.label(), baseline_invalid_reason(row)))
             elif row.line_rate_fraction < expect_line_rate:
                 out.append(Shortfall(
                     row.label(),
                     f"{row.line_rate_fraction:.1%} of line rate "
-                    f"({row.throughput_gbps:.3f} of {row.line_rate_gbps:.3f} GB/s, "
+                    f"({tp:.3f} of {row.line_rate_gbytes_per_s:.3f} GB/s, "
                     f"{row.line_rate_source}) < expected {expect_line_rate:.0%}"))
     return out
+
+
+def baseline_invalid_reason(row: ResultRow) -> str:
+    """Why a row's line rate cannot be judged against: the row went faster than it."""
+    return (f"baseline below measured: baseline invalid ({row.throughput_gbytes_per_s:.3f} GB/s "
+            f"measured, line rate {row.line_rate_gbytes_per_s or 0.0:.3f} GB/s from "
+            f"{row.line_rate_source}); no line-rate verdict")
 
 
 def raise_shortfalls(missed: Sequence[Shortfall]) -> None:
@@ -165,11 +187,14 @@ def raise_shortfalls(missed: Sequence[Shortfall]) -> None:
 
 
 def row_to_dict(row: ResultRow) -> dict[str, Any]:
-    """A row as a JSON-ready mapping (NaN becomes ``None``)."""
+    """A row as a JSON-ready mapping (NaN becomes ``None``), keys in :data:`OUTPUT_FIELDS`
+    order: the deprecated names of renamed fields last."""
     out: dict[str, Any] = {}
     for name in ROW_FIELDS:
         value = getattr(row, name)
         if isinstance(value, float) and math.isnan(value):  # not measured
             value = None
         out[name] = value
+    for old, new in _OLD_FIELDS:
+        out[old] = out[new]
     return out

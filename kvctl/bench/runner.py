@@ -183,6 +183,8 @@ class SweepRunner:
         medium = info.medium or info.transport
         line = self.line_rates.for_path(medium, loopback=info.loopback,
                                         nic_rate=self.nic_rates.get(medium))
+        fraction = (gbps / line.gbytes_per_s if line is not None and line.gbytes_per_s > 0
+                    else None)
         sizing = sweep.sizing
         return ResultRow(
             engine=self.driver.name,
@@ -199,8 +201,8 @@ class SweepRunner:
             requests=requests,
             bytes_moved=bytes_moved,
             elapsed_s=timed.elapsed_s,
-            throughput_gbps=gbps,
-            throughput_gbitps=gbps * 8,
+            throughput_gbytes_per_s=gbps,
+            throughput_gbits_per_s=gbps * 8,
             requests_per_s=completed / timed.elapsed_s if timed.elapsed_s > 0 else 0.0,
             batch_latency_p50_us=batch_stats.p50_us,
             batch_latency_p99_us=batch_stats.p99_us,
@@ -213,9 +215,10 @@ class SweepRunner:
             request_latency_stddev_us=request_stats.stddev_us,
             errors=timed.errors,
             retries=timed.retries,
-            line_rate_gbps=line.gbps if line is not None else None,
+            line_rate_gbytes_per_s=line.gbytes_per_s if line is not None else None,
             line_rate_source=line.source if line is not None else None,
-            line_rate_fraction=gbps / line.gbps if line is not None and line.gbps > 0 else None,
+            line_rate_fraction=fraction,
+            line_rate_valid=None if fraction is None else fraction <= 1.0,
             verified=verified,
             model=sizing.model if sizing is not None else None,
             tokens_per_block=sizing.tokens_per_block if sizing is not None else None,

@@ -44,7 +44,7 @@ class RunOptions:
             starts an embedded target on loopback.
         metadata: metadata URL of a two-host run.
         timeout_s: seconds one batch may take.
-        expect_line_rate / expect_gbps: thresholds that make the run a check.
+        expect_line_rate / expect_gbytes_per_s: thresholds that make the run a check.
         nic_rates: line rate of cross-host paths by medium (``tcp``, ``rdma``), from topology.
         token: shared secret both ends (and the metadata service) authenticate with.
     """
@@ -54,7 +54,7 @@ class RunOptions:
     metadata: str | None = None
     timeout_s: float = 30.0
     expect_line_rate: float | None = None
-    expect_gbps: float | None = None
+    expect_gbytes_per_s: float | None = None
     nic_rates: Mapping[str, LineRate] = dataclasses.field(default_factory=dict)
     token: str | None = dataclasses.field(default=None, repr=False)
 
@@ -190,9 +190,10 @@ def run_transfer_bench(
                                hint or (first_unavailable.hint if first_unavailable else None))
     final = with_ratios(rows, options.engines[0])
     missed = shortfalls(final, expect_line_rate=options.expect_line_rate,
-                        expect_gbps=options.expect_gbps)
+                        expect_gbytes_per_s=options.expect_gbytes_per_s)
     return BenchReport(
         run_id=run_id, engines=options.engines, sweep=sweep, rows=tuple(final),
         skipped=tuple(skipped), shortfalls=tuple(missed),
-        expect_line_rate=options.expect_line_rate, expect_gbps=options.expect_gbps,
+        expect_line_rate=options.expect_line_rate,
+        expect_gbytes_per_s=options.expect_gbytes_per_s,
         peer=options.peer)

@@ -49,7 +49,8 @@ class BenchSettings:
         engine: engines to run the sweep through (``kvctl``, ``mooncake``, ``nixl``).
         model / page_tokens: size blocks as KV pages of a model (name or config.json path).
         expect_line_rate: fail (exit 1) below this fraction of the path's line rate.
-        expect_gbps: fail (exit 1) below this throughput, in GB/s (decimal).
+        expect_gbytes_per_s: fail (exit 1) below this throughput, in GB/s (gigabytes,
+            decimal); the old key ``expect_gbps`` is accepted, deprecated, for one release.
         role: ``local`` (embedded target), ``initiator`` or ``target``.
         listen: target's listen address (``HOST:PORT``); empty: loopback, or with a
             ``metadata`` service on another host the address that routes to it.
@@ -82,7 +83,8 @@ class BenchSettings:
     model: str | None = None
     page_tokens: int = 16
     expect_line_rate: float | None = None
-    expect_gbps: float | None = None
+    expect_gbytes_per_s: float | None = dataclasses.field(
+        default=None, metadata={"old_name": "expect_gbps"})
     role: str = "local"
     listen: str = ""
     advertise: str | None = None

@@ -165,8 +165,9 @@ def run_bench(ctx: JobContext, *, topology: Topology | None,
     report = run_transfer_bench(sweep, options, on_progress=lambda _e: ctx.check_cancelled())
     rows = [RowSummary(
         engine=r.engine, op=r.op, transport=r.transport, block_size_bytes=r.block_size_bytes,
-        batch_size=r.batch_size, gbps=r.throughput_gbps, errors=r.errors, verified=r.verified,
-        path=r.path, requests=r.requests, elapsed_s=r.elapsed_s, line_rate_gbps=r.line_rate_gbps,
+        batch_size=r.batch_size, gbps=r.throughput_gbytes_per_s, errors=r.errors,
+        verified=r.verified, path=r.path, requests=r.requests, elapsed_s=r.elapsed_s,
+        line_rate_gbps=r.line_rate_gbytes_per_s,
         batch_latency_p50_us=r.batch_latency_p50_us,
         batch_latency_p99_us=r.batch_latency_p99_us) for r in report.rows]
     skipped = [f"{s.engine}{'/' + s.transport if s.transport else ''}: {s.reason}"

@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from kvctl.config import load_section
+from kvctl.errors import UsageError
 from kvctl.output import Output
 
 T = TypeVar("T")
@@ -54,6 +55,24 @@ def global_options(ctx: typer.Context) -> GlobalOptions:
     if isinstance(obj, GlobalOptions):
         return obj
     return GlobalOptions()
+
+
+def renamed_flag(opts: GlobalOptions, old: str, old_value: T | None, new: str,
+                 new_value: T | None) -> T | None:
+    """The value of a flag renamed from ``old`` to ``new``: the old spelling still works for
+    one release, with a deprecation warning on stderr.
+
+    Raises:
+        UsageError: both spellings are given with different values.
+    """
+    if old_value is None:
+        return new_value
+    if new_value is not None and new_value != old_value:
+        raise UsageError(f"{old} {old_value} and {new} {new_value} set the same thing",
+                         f"give only {new}")
+    opts.output().warn(f"{old} is deprecated and will be removed in the next release; "
+                       f"use {new}")
+    return old_value
 
 
 @contextmanager

@@ -29,11 +29,11 @@ from kvctl.bench.session import (
 )
 from kvctl.bench.spec import ROLES, BenchSettings, build_sweep
 from kvctl.bench.target import TargetSpec
-from kvctl.commands._common import GlobalOptions, JsonOpt, global_options
+from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, renamed_flag
 from kvctl.config import CommonSettings
 from kvctl.errors import KvctlError, UsageError
 from kvctl.models import resolve_model
-from kvctl.output import Output
+from kvctl.output import Output, check_entry
 from kvctl.units import format_size, parse_duration
 
 app = typer.Typer(help="Benchmarks: fabric throughput, latency and integrity.\n\n"
@@ -73,7 +73,8 @@ def transfer(
         "--warmup", help="Untimed batches per thread first. (default: 2)",
         rich_help_panel=_S)] = None,
     local_location: Annotated[str | None, typer.Option(
-        "--local-location", help="Initiator buffer: cpu:N or file:PATH. (default: cpu:0)",
+        "--local-location", help="Initiator buffer: cpu:N, cuda:N (GPU memory, CUDA "
+        "ordinal) or file:PATH. (default: cpu:0)",
         rich_help_panel=_S)] = None,
     remote_location: Annotated[str | None, typer.Option(
         "--remote-location", help="Target buffer: cpu:N, cuda:N or file:PATH. "
@@ -93,6 +94,13 @@ def transfer(
     timeout: Annotated[str | None, typer.Option(
         "--timeout", help="Longest one batch may take. (default: 30s)",
         rich_help_panel=_S)] = None,
+    nic: Annotated[str | None, typer.Option(
+        "--nic", help="RDMA NICs to use and nothing else, best first: mlx5_0 or mlx5_0:1; "
+        "comma list (rdma/auto). (default: topo's ranking per buffer)",
+        rich_help_panel=_S)] = None,
+    gid_index: Annotated[int | None, typer.Option(
+        "--gid-index", help="RoCE GID index on every port. (default: the port's RoCE v2 "
+        "IPv4-mapped entry)", rich_help_panel=_S)] = None,
     role: Annotated[str | None, typer.Option(
         "--role", help="local (embedded target), initiator or target. (default: local)",
         rich_help_panel=_R)] = None,
@@ -116,15 +124,22 @@ def transfer(
     serve_for: Annotated[str | None, typer.Option(
         "--serve-for", help="Target: stop after this long (default: until Ctrl-C).",
         rich_help_panel=_R)] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Target: serve Prometheus metrics on this port of the "
+        "--listen host (loopback only with a token; 0 = any free).", show_default=False,
+        rich_help_panel=_R)] = None,
     verify: Annotated[bool | None, typer.Option(
         "--verify/--no-verify", help="Check every block's pattern end to end.",
         rich_help_panel=_C)] = None,
     expect_line_rate: Annotated[float | None, typer.Option(
         "--expect-line-rate", help="Exit 1 when a configuration is below this fraction of "
         "its line rate (e.g. 0.9).", rich_help_panel=_C)] = None,
+    expect_gbytes_per_s: Annotated[float | None, typer.Option(
+        "--expect-gbytes-per-s", help="Exit 1 when a configuration is below this many GB/s "
+        "(gigabytes: 10^9 bytes per second; Gbit/s / 8).", rich_help_panel=_C)] = None,
     expect_gbps: Annotated[float | None, typer.Option(
-        "--expect-gbps", help="Exit 1 when a configuration is below this many GB/s.",
-        rich_help_panel=_C)] = None,
+        "--expect-gbps", hidden=True,
+        help="Deprecated name of --expect-gbytes-per-s (GB/s).")] = None,
     json_out: JsonOpt = False,
     jsonl: Annotated[bool, typer.Option(
         "--jsonl", help="One JSON row per line on stdout.", rich_help_panel=_O)] = False,
@@ -146,6 +161,8 @@ def transfer(
     Example: kvctl bench transfer --engine kvctl --engine mooncake -t tcp --verify
     """
     opts = global_options(ctx)
+    expect_gbytes_per_s = renamed_flag(opts, "--expect-gbps", expect_gbps,
+                                       "--expect-gbytes-per-s", expect_gbytes_per_s)
     modes = [name for name, on in (("--json", json_out), ("--jsonl", jsonl), ("--csv", csv_out))
              if on]
     if len(modes) > 1:
@@ -158,12 +175,12 @@ def transfer(
         max_buffer_bytes=max_buffer, timeout=timeout, role=role, listen=listen,
         advertise=advertise, peer=peer,
         metadata=metadata, segment=segment, verify=verify, expect_line_rate=expect_line_rate,
-        expect_gbps=expect_gbps)
+        expect_gbytes_per_s=expect_gbytes_per_s, nic=nic, gid_index=gid_index)
     out = opts.output(json_mode=bool(modes))
     if settings.role not in ROLES:
         raise UsageError(f"role {settings.role!r} is unknown", f"use --role {'|'.join(ROLES)}")
     for name, value in (("--expect-line-rate", settings.expect_line_rate),
-                        ("--expect-gbps", settings.expect_gbps)):
+                        ("--expect-gbytes-per-s", settings.expect_gbytes_per_s)):
         if value is not None and (value <= 0 or math.isnan(value)):
             raise UsageError(f"{name} {value} is not positive", f"use e.g. {name} 0.9")
     if settings.role == "initiator" and not settings.peer:
@@ -176,7 +193,8 @@ def transfer(
 
     if settings.role == "target":
         _serve_target(out, settings, sweep.region_bytes, engines, sweep.transports, token,
-                      parse_duration(serve_for, what="--serve-for") if serve_for else None)
+                      parse_duration(serve_for, what="--serve-for") if serve_for else None,
+                      nics=sweep.nics, gid_index=sweep.gid_index, metrics_port=metrics_port)
         return
     if plot is not None:
         require_matplotlib()
@@ -191,7 +209,8 @@ def transfer(
     nic_rates = _nic_rates(opts, out, str(sweep.local)) if settings.peer else {}
     options = RunOptions(engines=engines, peer=settings.peer, metadata=settings.metadata,
                          timeout_s=settings.timeout, expect_line_rate=settings.expect_line_rate,
-                         expect_gbps=settings.expect_gbps, nic_rates=nic_rates, token=token)
+                         expect_gbytes_per_s=settings.expect_gbytes_per_s, nic_rates=nic_rates,
+                         token=token)
     total = len(sweep.configs()) * len(engines)
     with out.progress("bench transfer", total=total) as bar:
         task = bar.task_ids[0]
@@ -201,12 +220,12 @@ def transfer(
 
         def advance(row: ResultRow) -> None:
             bar.advance(task)
-            out.debug(f"{row.label()}: {row.throughput_gbps:.3f} GB/s")
+            out.debug(f"{row.label()}: {row.throughput_gbytes_per_s:.3f} GB/s")
 
         report = run_transfer_bench(sweep, options, on_progress=progress, on_row=advance)
 
     if json_out:
-        out.emit_json("bench.transfer", report_payload(report))
+        out.emit_json("bench.transfer", {**report_payload(report), **_verdict(report)})
     elif jsonl:
         sys.stdout.write(to_jsonl(report.rows))
     elif csv_out:
@@ -234,7 +253,8 @@ def _nic_rates(opts: GlobalOptions, out: Output, location: str) -> dict[str, Lin
         out.warn(f"no NIC line rate: topology unreadable ({exc.cause})")
         return {}
     for medium, rate in rates.items():
-        out.debug(f"line rate for cross-host {medium}: {rate.gbps:.2f} GB/s ({rate.source})")
+        out.debug(f"line rate for cross-host {medium}: {rate.gbytes_per_s:.2f} GB/s "
+                  f"({rate.source})")
     return rates
 
 
@@ -301,6 +321,18 @@ def _fmt(value: float | None, spec: str = ".2f") -> str:
     return format(value, spec)
 
 
+def _verdict(report: BenchReport) -> dict[str, Any]:
+    """``ok`` and one check per row: failed when it missed an ``--expect-*`` or had failed
+    requests (``verdict.ok`` is schema 1's place for ``ok``, kept)."""
+    missed: dict[str, list[str]] = {}
+    for s in report.shortfalls:
+        missed.setdefault(s.label, []).append(s.reason)
+    checks = [check_entry(label, "fail" if label in missed else "pass",
+                          detail="; ".join(missed.get(label, [])))
+              for label in dict.fromkeys(row.label() for row in report.rows)]
+    return {"ok": report.ok, "checks": checks}
+
+
 def _render(out: Output, report: BenchReport) -> None:
     rows = report.rows
     several = len({r.engine for r in rows}) > 1
@@ -332,7 +364,7 @@ def _render(out: Output, report: BenchReport) -> None:
         if len(batches) > 1:
             cells.append(str(r.batch_size))
         cells += [
-            _fmt(r.throughput_gbps, ".3f"), _fmt(r.throughput_gbitps, ".2f"),
+            _fmt(r.throughput_gbytes_per_s, ".3f"), _fmt(r.throughput_gbits_per_s, ".2f"),
             _fmt(r.requests_per_s, ",.0f"),
             _fmt(r.batch_latency_p50_us / 1000, ".2f"), _fmt(r.batch_latency_p99_us / 1000, ".2f"),
             _fmt(r.request_latency_p50_us, ",.0f"),
@@ -352,8 +384,8 @@ def _render(out: Output, report: BenchReport) -> None:
         Console(file=sys.stdout, width=160, highlight=False).print(table)
     for engine, transport, path in sorted({(r.engine, r.transport, r.path) for r in rows}):
         out.print(f"[dim]path {engine} {transport}: {path}[/dim]")
-    rates = sorted({(r.line_rate_source, r.line_rate_gbps) for r in rows
-                    if r.line_rate_source is not None and r.line_rate_gbps is not None})
+    rates = sorted({(r.line_rate_source, r.line_rate_gbytes_per_s) for r in rows
+                    if r.line_rate_source is not None and r.line_rate_gbytes_per_s is not None})
     for source, gbps in rates:
         out.print(f"[dim]line rate {source}: {gbps:.2f} GB/s ({gbps * 8:.1f} Gbit/s)[/dim]")
     if report.sweep.sizing is not None:

@@ -1,19 +1,20 @@
 """Read-back bandwidth from a ``kvctl bench transfer --json`` result file.
 
 Expected shape (the rows of ``kvctl bench transfer --json``, schema
-``kvctl.bench.transfer.row/1``; only ``rows[].throughput_gbps`` is required)::
+``kvctl.bench.transfer.row/2``; only ``rows[].throughput_gbytes_per_s`` is required)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "kind": "bench.transfer",
       "rows": [
-        {"op": "read", "block_size_bytes": 65536, "throughput_gbps": 11.8, ...},
-        {"op": "read", "block_size_bytes": 1048576, "throughput_gbps": 23.4, ...},
-        {"op": "write", "block_size_bytes": 1048576, "throughput_gbps": 22.9, ...}
+        {"op": "read", "block_size_bytes": 65536, "throughput_gbytes_per_s": 11.8, ...},
+        {"op": "read", "block_size_bytes": 1048576, "throughput_gbytes_per_s": 23.4, ...},
+        {"op": "write", "block_size_bytes": 1048576, "throughput_gbytes_per_s": 22.9, ...}
       ]
     }
 
-- ``throughput_gbps``: GB/s, decimal (10^9 bytes per second); a positive number.
+- ``throughput_gbytes_per_s``: GB/s (gigabytes, decimal: 10^9 bytes per second); a positive
+  number. Files of row schema 1 name it ``throughput_gbps``, which is read too.
 - ``op`` (optional): ``read``/``write`` (any case). When any row has an ``op``, only read
   rows are used (reading KV back is a read).
 - ``block_size_bytes`` (optional): the block size of the row; ``--bench-size`` picks the
@@ -34,13 +35,15 @@ from typing import Any
 from kvctl.errors import UsageError
 from kvctl.units import format_size
 
-#: Row fields of ``kvctl bench transfer`` (kvctl.bench.result.ResultRow) read here.
-GBPS_KEY = "throughput_gbps"
+#: Row fields of ``kvctl bench transfer`` (kvctl.bench.result.ResultRow) read here; the
+#: second name is row schema 1's.
+GBPS_KEY = "throughput_gbytes_per_s"
+OLD_GBPS_KEY = "throughput_gbps"
 SIZE_KEY = "block_size_bytes"
 
 _HINT = (
     "give the JSON written by 'kvctl bench transfer --json': an object with a 'rows' list, "
-    "each row with 'throughput_gbps' (GB/s) and optionally 'op' and 'block_size_bytes'"
+    "each row with 'throughput_gbytes_per_s' (GB/s) and optionally 'op' and 'block_size_bytes'"
 )
 
 
@@ -49,11 +52,11 @@ class Bandwidth:
     """A read-back bandwidth and where it came from.
 
     Attributes:
-        gbps: GB/s, decimal (10^9 bytes per second).
-        source: ``--read-gbps`` or ``FILE row N (op read, 64 KiB)``.
+        gbytes_per_s: GB/s, decimal (10^9 bytes per second).
+        source: ``--read-gbytes-per-s`` or ``FILE row N (op read, 64 KiB)``.
     """
 
-    gbps: float
+    gbytes_per_s: float
     source: str
 
 
@@ -67,7 +70,8 @@ def _number(row: dict[str, Any], key: str) -> float | None:
 
 
 def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
-    """The fastest eligible row's ``throughput_gbps`` (read rows; of ``size_bytes`` when given).
+    """The fastest eligible row's ``throughput_gbytes_per_s`` (read rows; of ``size_bytes``
+    when given).
 
     Raises:
         UsageError: the file is missing, not JSON, not of the documented shape, or has no
@@ -92,10 +96,11 @@ def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
             raise UsageError(f"bench result {path}: row {index} is not an object", _HINT)
-        gbps = _number(row, GBPS_KEY)
+        key = GBPS_KEY if GBPS_KEY in row or OLD_GBPS_KEY not in row else OLD_GBPS_KEY
+        gbps = _number(row, key)
         if gbps is None or math.isnan(gbps) or gbps <= 0:
             raise UsageError(
-                f"bench result {path}: row {index} has {GBPS_KEY} {row.get(GBPS_KEY)!r}, "
+                f"bench result {path}: row {index} has {key} {row.get(key)!r}, "
                 "expected a "
                 "positive number of GB/s",
                 _HINT,
@@ -122,4 +127,4 @@ def read_bench_file(path: Path, *, size_bytes: int | None = None) -> Bandwidth:
     if isinstance(size, int) and not isinstance(size, bool):
         details.append(format_size(size))
     detail = f" ({', '.join(details)})" if details else ""
-    return Bandwidth(gbps=gbps, source=f"{path} row {index}{detail}")
+    return Bandwidth(gbytes_per_s=gbps, source=f"{path} row {index}{detail}")

@@ -6,7 +6,7 @@ Cost model, per request that reuses a prefix of ``n`` tokens:
   TFLOP/s x efficiency with prefill FLOPs ~= 2 x active parameters per token (one multiply-add
   per weight). That approximation ignores attention's score/value products, which grow with
   the context, so it *understates* recompute for long prefixes.
-- read back: ``latency_us + n x kv_bytes_per_token / (read_gbps x 10^9)`` (GB/s decimal).
+- read back: ``latency_us + n x kv_bytes_per_token / (read_gbytes_per_s x 10^9)`` (GB/s decimal).
 
 Both are linear in ``n``, so past the fixed read-back cost the per-token costs decide: if a
 token's KV reads back faster than it recomputes, reading back wins for every prefix longer
@@ -16,7 +16,7 @@ which reading back wins for long prefixes.
 
 Rates, in order: ``--prefill-tps``; ``--gpu-tflops``; the peak of ``--gpu NAME``; the peak of
 the GPU NVML reports (:mod:`kvctl.plan.gpus`, a cited table); the read rate from
-``--read-gbps`` or a ``--bench-file``. Whatever is missing, the plan still sizes the KV
+``--read-gbytes-per-s`` or a ``--bench-file``. Whatever is missing, the plan still sizes the KV
 (bytes per token, per prefix, per GiB and TB, the capacity view) and says what to give for
 the rest: only the comparison needs both rates.
 """
@@ -53,7 +53,7 @@ class PlanSettings:
         nvml: ask NVML for this host's GPU (its model when no rate is given, its memory for
             the sizing view); off when planning for another host.
         efficiency: fraction of peak prefill reaches (0 < e <= 1).
-        read_gbps: read-back bandwidth, GB/s decimal (or give bench_file).
+        read_gbytes_per_s: read-back bandwidth, GB/s decimal (or give bench_file).
         bench_file: a ``kvctl bench transfer --json`` result to take the bandwidth from.
         bench_size: pick the bench rows of this transfer size (bytes).
         latency_us: fixed cost of one read-back (lookup, setup), microseconds.
@@ -70,7 +70,8 @@ class PlanSettings:
     gpus: int = 1
     nvml: bool = True
     efficiency: float = 0.5
-    read_gbps: float | None = None
+    read_gbytes_per_s: float | None = dataclasses.field(
+        default=None, metadata={"old_name": "read_gbps"})
     bench_file: Path | None = None
     bench_size: int | None = dataclasses.field(default=None, metadata={"unit": "size"})
     latency_us: float = 0.0
@@ -108,12 +109,12 @@ class BreakEven:
     Attributes:
         prefix_tokens: shortest prefix for which reading back is at least as fast; 0 when it
             wins at every length; ``None`` when it never wins.
-        read_gbps: read bandwidth (GB/s) above which reading back wins for long prefixes.
+        read_gbytes_per_s: read bandwidth (GB/s) above which reading back wins for long prefixes.
         summary: the same in one sentence.
     """
 
     prefix_tokens: int | None
-    read_gbps: float
+    read_gbytes_per_s: float
     summary: str
 
 
@@ -153,9 +154,9 @@ class KvSizing:
 class ReadbackPlan:
     """Everything ``kvctl plan readback`` reports.
 
-    ``prefill_tokens_per_s`` and ``read_gbps`` are ``None`` when no source gave them (the
+    ``prefill_tokens_per_s`` and ``read_gbytes_per_s`` are ``None`` when no source gave them (the
     ``*_source`` field then says why, and ``missing`` what to give for each);
-    ``break_even`` needs both, ``break_even_gbps`` the prefill rate only.
+    ``break_even`` needs both, ``break_even_gbytes_per_s`` the prefill rate only.
     """
 
     model: str
@@ -164,12 +165,12 @@ class ReadbackPlan:
     active_params: int | None
     prefill_tokens_per_s: float | None
     prefill_source: str
-    read_gbps: float | None
+    read_gbytes_per_s: float | None
     read_source: str
     latency_us: float
     cases: list[PrefixCase]
     break_even: BreakEven | None
-    break_even_gbps: float | None
+    break_even_gbytes_per_s: float | None
     capacity: CapacityView | None
     sizing: KvSizing
     gpu: GpuPeak | None
@@ -287,32 +288,35 @@ def prefill_rate(settings: PlanSettings, model: ModelSpec,
 
 
 def read_bandwidth(settings: PlanSettings) -> Bandwidth | None:
-    """The read-back bandwidth from ``--read-gbps`` or ``--bench-file`` (``None``: neither)."""
-    _positive(settings.read_gbps, "--read-gbps")
-    if settings.read_gbps is not None and settings.bench_file is not None:
+    """The read-back bandwidth from ``--read-gbytes-per-s`` or ``--bench-file`` (``None``:
+    neither)."""
+    _positive(settings.read_gbytes_per_s, "--read-gbytes-per-s")
+    if settings.read_gbytes_per_s is not None and settings.bench_file is not None:
         raise UsageError(
-            "both --read-gbps and --bench-file are given", "give one source of read bandwidth"
+            "both --read-gbytes-per-s and --bench-file are given",
+            "give one source of read bandwidth"
         )
-    if settings.read_gbps is not None:
-        return Bandwidth(settings.read_gbps, "--read-gbps")
+    if settings.read_gbytes_per_s is not None:
+        return Bandwidth(settings.read_gbytes_per_s, "--read-gbytes-per-s")
     if settings.bench_file is None:
         return None
     return read_bench_file(settings.bench_file, size_bytes=settings.bench_size)
 
 
-NO_READ_HINT = ("a read-back bandwidth: --read-gbps (GB/s) or --bench-file result.json from "
-                "'kvctl bench transfer --json'")
+NO_READ_HINT = ("a read-back bandwidth: --read-gbytes-per-s (GB/s) or --bench-file "
+                "result.json from 'kvctl bench transfer --json'")
 
 
 def compare(
     prefix_tokens: int, *, kv_bytes_per_token: int, prefill_tokens_per_s: float | None,
-    read_gbps: float | None, latency_us: float = 0.0,
+    read_gbytes_per_s: float | None, latency_us: float = 0.0,
 ) -> PrefixCase:
     """Recompute versus read-back time for one prefix length (a side whose rate is
     ``None`` has no time, and then there is no winner)."""
     kv_bytes = prefix_tokens * kv_bytes_per_token
     recompute = None if prefill_tokens_per_s is None else prefix_tokens / prefill_tokens_per_s
-    readback = None if read_gbps is None else latency_us * 1e-6 + kv_bytes / (read_gbps * 1e9)
+    readback = (None if read_gbytes_per_s is None
+                else latency_us * 1e-6 + kv_bytes / (read_gbytes_per_s * 1e9))
     if recompute is None or readback is None:
         return PrefixCase(prefix_tokens, kv_bytes, recompute, readback, None, None)
     if math.isclose(recompute, readback, rel_tol=1e-9, abs_tol=1e-15):
@@ -324,25 +328,25 @@ def compare(
 
 
 def break_even(
-    *, kv_bytes_per_token: int, prefill_tokens_per_s: float, read_gbps: float,
+    *, kv_bytes_per_token: int, prefill_tokens_per_s: float, read_gbytes_per_s: float,
     latency_us: float = 0.0,
 ) -> BreakEven:
     """The shortest prefix for which reading back is at least as fast, and the bandwidth."""
     recompute_per_token = 1.0 / prefill_tokens_per_s
-    read_per_token = kv_bytes_per_token / (read_gbps * 1e9)
+    read_per_token = kv_bytes_per_token / (read_gbytes_per_s * 1e9)
     needed_gbps = kv_bytes_per_token * prefill_tokens_per_s / 1e9
     margin = recompute_per_token - read_per_token
     if margin <= 0 or math.isclose(recompute_per_token, read_per_token, rel_tol=1e-12):
         return BreakEven(
             None, needed_gbps,
-            f"reading back never wins: at {read_gbps:g} GB/s a token's KV takes "
+            f"reading back never wins: at {read_gbytes_per_s:g} GB/s a token's KV takes "
             f"{read_per_token * 1e6:.3g} us to read and {recompute_per_token * 1e6:.3g} us to "
             f"recompute; it needs more than {needed_gbps:.3g} GB/s",
         )
     if latency_us <= 0:
         return BreakEven(
             0, needed_gbps,
-            f"reading back wins at every prefix length ({read_gbps:g} GB/s is above the "
+            f"reading back wins at every prefix length ({read_gbytes_per_s:g} GB/s is above the "
             f"{needed_gbps:.3g} GB/s break-even bandwidth; no fixed read-back cost given)",
         )
     tokens = math.ceil(latency_us * 1e-6 / margin)
@@ -407,9 +411,9 @@ def plan_readback(settings: PlanSettings, *, nvml: NvmlBackend | None = None) ->
             raise UsageError(f"prefix length {n} is not positive", "give token counts above 0")
     kvb = model.kv_bytes_per_token
     tps = rate.tokens_per_s
-    gbps = None if bandwidth is None else bandwidth.gbps
+    gbps = None if bandwidth is None else bandwidth.gbytes_per_s
     cases = [
-        compare(n, kv_bytes_per_token=kvb, prefill_tokens_per_s=tps, read_gbps=gbps,
+        compare(n, kv_bytes_per_token=kvb, prefill_tokens_per_s=tps, read_gbytes_per_s=gbps,
                 latency_us=settings.latency_us)
         for n in settings.prefix_tokens
     ]
@@ -435,13 +439,13 @@ def plan_readback(settings: PlanSettings, *, nvml: NvmlBackend | None = None) ->
         model=model.name, model_source=model.source, kv_bytes_per_token=kvb,
         active_params=settings.params if settings.params is not None else model.active_params,
         prefill_tokens_per_s=tps, prefill_source=rate.source,
-        read_gbps=gbps, read_source="none given" if bandwidth is None else bandwidth.source,
+        read_gbytes_per_s=gbps, read_source="none given" if bandwidth is None else bandwidth.source,
         latency_us=settings.latency_us,
         cases=cases,
         break_even=None if tps is None or gbps is None else break_even(
-            kv_bytes_per_token=kvb, prefill_tokens_per_s=tps, read_gbps=gbps,
+            kv_bytes_per_token=kvb, prefill_tokens_per_s=tps, read_gbytes_per_s=gbps,
             latency_us=settings.latency_us),
-        break_even_gbps=None if tps is None else kvb * tps / 1e9,
+        break_even_gbytes_per_s=None if tps is None else kvb * tps / 1e9,
         capacity=view,
         sizing=sizing(model, _gpu_memory(answer)),
         gpu=rate.gpu,

@@ -34,7 +34,7 @@ class TimeView:
     model: str
     kv_bytes_per_token: int
     prefill_tokens_per_s: float
-    pool_read_gbps: float
+    pool_read_gbytes_per_s: float
     rows: list[CellTime]
 
 
@@ -50,16 +50,16 @@ class PoolReport:
 
 
 def _time_model(settings: SimSettings) -> TimeModel | None:
-    model, tps, gbps = settings.model, settings.prefill_tps, settings.pool_gbps
+    model, tps, gbps = settings.model, settings.prefill_tps, settings.pool_gbytes_per_s
     if model is None or tps is None or gbps is None:
-        given = {"--model": model, "--prefill-tps": tps, "--pool-gbps": gbps}
+        given = {"--model": model, "--prefill-tps": tps, "--pool-gbytes-per-s": gbps}
         missing = [flag for flag, value in given.items() if value is None]
         if len(missing) == len(given):
             return None
         raise UsageError(
-            f"the time view needs --model, --prefill-tps and --pool-gbps; missing "
+            f"the time view needs --model, --prefill-tps and --pool-gbytes-per-s; missing "
             f"{', '.join(missing)}",
-            "give all three (e.g. --model llama-3-70b --prefill-tps 5000 --pool-gbps 20) "
+            "give all three (e.g. --model llama-3-70b --prefill-tps 5000 --pool-gbytes-per-s 20) "
             "or none",
         )
     return TimeModel(resolve_model(model), tps, gbps)
@@ -130,7 +130,7 @@ def simulate_pool(
         view = TimeView(
             model=costs.model.name, kv_bytes_per_token=costs.model.kv_bytes_per_token,
             prefill_tokens_per_s=costs.prefill_tokens_per_s,
-            pool_read_gbps=costs.pool_read_gbps, rows=time_view(cells, costs),
+            pool_read_gbytes_per_s=costs.pool_read_gbytes_per_s, rows=time_view(cells, costs),
         )
     summary = WorkloadSummary(
         spec=spec, turns=workload.turns, prefill_tokens=workload.prefill_tokens,

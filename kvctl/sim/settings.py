@@ -23,7 +23,8 @@ class SimSettings:
         answer_kv: ``recomputed`` (decode KV never cached: the published model) or ``cached``.
         model: model name or config.json for the time view (``None``: no time view).
         prefill_tps: prefill throughput, tokens/s (time view).
-        pool_gbps: pool read-back bandwidth, GB/s decimal (time view).
+        pool_gbytes_per_s: pool read-back bandwidth, GB/s decimal (time view); the old key
+            ``pool_gbps`` is accepted, deprecated, for one release.
     """
 
     sessions: int = 300
@@ -41,7 +42,8 @@ class SimSettings:
     answer_kv: AnswerKv = AnswerKv.RECOMPUTED
     model: str | None = None
     prefill_tps: float | None = None
-    pool_gbps: float | None = None
+    pool_gbytes_per_s: float | None = dataclasses.field(
+        default=None, metadata={"old_name": "pool_gbps"})
 
     def workload_spec(self) -> WorkloadSpec:
         """The workload part of these settings."""

@@ -1,7 +1,7 @@
 """Time view of a pool simulation: prefill seconds saved, given compute and read bandwidth.
 
 Model (stated in the output): recomputed tokens cost ``tokens / prefill_tokens_per_s``; pool
-hits cost ``tokens x kv_bytes_per_token / (pool_read_gbps x 10^9)`` (GB/s decimal), read
+hits cost ``tokens x kv_bytes_per_token / (pool_read_gbytes_per_s x 10^9)`` (GB/s decimal), read
 serially with no overlap with compute; local hits are free. The times are summed over the
 whole workload (prefill-seconds, as if one instance did all the work).
 """
@@ -24,16 +24,16 @@ class TimeModel:
     Attributes:
         model: the model (for KV bytes per token).
         prefill_tokens_per_s: prefill throughput of one instance, tokens/s.
-        pool_read_gbps: pool read-back bandwidth into one instance, GB/s (10^9 bytes/s).
+        pool_read_gbytes_per_s: pool read-back bandwidth into one instance, GB/s (10^9 bytes/s).
     """
 
     model: ModelSpec
     prefill_tokens_per_s: float
-    pool_read_gbps: float
+    pool_read_gbytes_per_s: float
 
     def __post_init__(self) -> None:
         for flag, value in (("--prefill-tps", self.prefill_tokens_per_s),
-                            ("--pool-gbps", self.pool_read_gbps)):
+                            ("--pool-gbytes-per-s", self.pool_read_gbytes_per_s)):
             if not math.isfinite(value) or value <= 0:
                 raise UsageError(f"{flag} {value} is not a positive number",
                                  f"give {flag} greater than 0")
@@ -44,7 +44,7 @@ class TimeModel:
 
     def read_s(self, tokens: int) -> float:
         """Seconds to read the KV of ``tokens`` tokens from the pool."""
-        return tokens * self.model.kv_bytes_per_token / (self.pool_read_gbps * 1e9)
+        return tokens * self.model.kv_bytes_per_token / (self.pool_read_gbytes_per_s * 1e9)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,7 +34,7 @@ def _nic_dict(nic: Nic) -> dict[str, Any]:
         "numa": nic.numa_node,
         "cpu_affinity": nic.cpu_affinity,
         "state": nic.state.value,
-        "rate_gbps": nic.rate_gbps,
+        "rate_gbits_per_s": nic.rate_gbps,
         "pcie": dataclasses.asdict(nic.place.link) if nic.place else None,
         "iommu_group": nic.place.iommu_group if nic.place else None,
         "ports": [
@@ -43,7 +43,7 @@ def _nic_dict(nic: Nic) -> dict[str, Any]:
                 "state": p.state.value,
                 "raw_state": p.raw_state,
                 "phys_state": p.phys_state,
-                "rate_gbps": p.rate_gbps,
+                "rate_gbits_per_s": p.rate_gbps,
                 "link_layer": p.link_layer,
                 "netdev": p.netdev,
                 "netdev_mtu": p.netdev_mtu,

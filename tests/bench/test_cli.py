@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kvctl.bench.result import ROW_FIELDS, ROW_SCHEMA
+from kvctl.bench.result import OUTPUT_FIELDS, ROW_SCHEMA
 from kvctl.bench.target import BenchTarget, TargetSpec
 
 pytestmark = pytest.mark.integration
@@ -32,17 +32,22 @@ def test_json_document_schema(kvctl: Callable[..., Any]) -> None:
     assert [(row["transport"], row["op"]) for row in rows] == [
         ("shm", "read"), ("shm", "write"), ("tcp", "read"), ("tcp", "write")]
     for row in rows:
-        assert tuple(row) == ROW_FIELDS
+        assert tuple(row) == OUTPUT_FIELDS
         assert row["engine"] == "kvctl"
         assert row["block_size_bytes"] == 4096
         assert row["batch_size"] == 8
         assert row["requests"] == 24
-        assert row["throughput_gbps"] > 0
-        assert row["throughput_gbitps"] == pytest.approx(row["throughput_gbps"] * 8)
+        assert row["throughput_gbytes_per_s"] > 0
+        assert row["throughput_gbits_per_s"] == pytest.approx(row["throughput_gbytes_per_s"] * 8)
+        # the deprecated names, for one release: the same values
+        assert row["throughput_gbps"] == row["throughput_gbytes_per_s"]
+        assert row["throughput_gbitps"] == row["throughput_gbits_per_s"]
+        assert row["line_rate_gbps"] == row["line_rate_gbytes_per_s"]
         assert row["batch_latency_p99_us"] >= row["batch_latency_p50_us"] > 0
-        assert row["line_rate_gbps"] > 0
+        assert row["line_rate_gbytes_per_s"] > 0
         assert row["line_rate_fraction"] == pytest.approx(
-            row["throughput_gbps"] / row["line_rate_gbps"])
+            row["throughput_gbytes_per_s"] / row["line_rate_gbytes_per_s"])
+        assert row["line_rate_valid"] is (row["line_rate_fraction"] <= 1.0)
         assert row["errors"] == 0
         assert row["verified"] is None
     assert rows[0]["line_rate_source"] == "memcpy"
@@ -68,22 +73,23 @@ def test_csv(kvctl: Callable[..., Any]) -> None:
     r = kvctl("bench", "transfer", *QUICK, "-t", "tcp", "--op", "read", "--csv")
     assert r.exit_code == 0, r.stderr
     header, row = r.stdout.splitlines()
-    assert header.split(",") == ["row_schema", *ROW_FIELDS]
+    assert header.split(",") == ["row_schema", *OUTPUT_FIELDS]
     assert row.startswith(f"{ROW_SCHEMA},kvctl,read,tcp,tcp,")
 
 
 def test_expectations_turn_the_run_into_a_check(kvctl: Callable[..., Any]) -> None:
     r = kvctl("bench", "transfer", *QUICK, "-t", "shm", "--op", "write",
-              "--expect-gbps", "100000")
+              "--expect-gbytes-per-s", "100000")
     assert r.exit_code == 1
     assert "Error:" in r.stderr
     assert "kvctl write shm 4 KiB x8" in r.stderr
     assert "expected 100000 GB/s" in r.stderr
     assert "GB/s" in r.stdout  # the table is still printed
     r = kvctl("bench", "transfer", *QUICK, "-t", "shm", "--op", "write",
-              "--expect-gbps", "0.000001", "--json")
+              "--expect-gbytes-per-s", "0.000001", "--json")
     assert r.exit_code == 0, r.stderr
     assert r.json()["verdict"]["ok"] is True
+    assert "deprecated" not in r.stderr
     r = kvctl("bench", "transfer", *QUICK, "-t", "tcp", "--op", "read",
               "--expect-line-rate", "50", "--json")
     assert r.exit_code == 1
@@ -91,6 +97,26 @@ def test_expectations_turn_the_run_into_a_check(kvctl: Callable[..., Any]) -> No
     assert doc["verdict"]["ok"] is False
     assert doc["verdict"]["shortfalls"][0]["label"] == "kvctl read tcp 4 KiB x8"
     assert "of line rate" in r.stderr
+
+
+def test_old_gbps_names_still_work_with_a_warning(kvctl: Callable[..., Any],
+                                                  tmp_path: Path) -> None:
+    r = kvctl("bench", "transfer", *QUICK, "-t", "shm", "--op", "write",
+              "--expect-gbps", "100000", "--json")
+    assert r.exit_code == 1
+    assert "--expect-gbps is deprecated" in r.stderr
+    assert "use --expect-gbytes-per-s" in r.stderr
+    assert r.json()["verdict"]["expect_gbytes_per_s"] == 100000
+    r = kvctl("bench", "transfer", *QUICK, "--expect-gbps", "1", "--expect-gbytes-per-s", "2")
+    assert r.exit_code == 2
+    assert "set the same thing" in r.stderr
+    config = tmp_path / "kvctl.yaml"
+    config.write_text("bench:\n  expect_gbps: 100000\n")
+    r = kvctl("--config", str(config), "bench", "transfer", *QUICK, "-t", "shm", "--op",
+              "write", "--json")
+    assert r.exit_code == 1
+    assert "bench.expect_gbps is deprecated" in r.stderr
+    assert r.json()["verdict"]["expect_gbytes_per_s"] == 100000
 
 
 def test_model_sized_blocks(kvctl: Callable[..., Any]) -> None:

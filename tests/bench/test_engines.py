@@ -33,12 +33,12 @@ def test_kvctl_and_mooncake_side_by_side(kvctl: Callable[..., Any]) -> None:
     for row in rows:
         assert row["verified"] is True
         assert row["errors"] == 0
-        assert row["throughput_gbps"] > 0
+        assert row["throughput_gbytes_per_s"] > 0
         assert row["transport"] == "tcp"
     for kv, mc in zip(rows[:2], rows[2:], strict=True):
         assert kv["ratio_vs_baseline"] is None
         assert mc["ratio_vs_baseline"] == pytest.approx(
-            mc["throughput_gbps"] / kv["throughput_gbps"])
+            mc["throughput_gbytes_per_s"] / kv["throughput_gbytes_per_s"])
         assert mc["retries"] is None  # Mooncake's Python API does not report retries
 
 

@@ -69,7 +69,7 @@ def test_three_engines_across_hosts_with_a_token(nshosts: MakeHosts) -> None:
     for row in rows:
         assert row["verified"] is True, row
         assert row["errors"] == 0, row
-        assert row["throughput_gbps"] > 0, row
+        assert row["throughput_gbytes_per_s"] > 0, row
         assert net[0].address in row["path"], row
         assert "127.0.0.1" not in row["path"], row
         if row["engine"] != "kvctl":

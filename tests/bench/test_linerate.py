@@ -22,12 +22,12 @@ from tests.fixtures.sysfs import build_sysfs, h100_host
 
 def test_memcpy_and_tcp_loopback_measure_something() -> None:
     memcpy = measure_memcpy(8 << 20, 0.05)
-    assert memcpy.gbps > 0.05
+    assert memcpy.gbytes_per_s > 0.05
     assert memcpy.source == "memcpy"
     tcp = measure_tcp_loopback(0.05, streams=2, chunk_bytes=1 << 20)
-    assert tcp.gbps > 0.01
+    assert tcp.gbytes_per_s > 0.01
     assert tcp.source == "tcp-loopback x2"
-    assert tcp.gbitps == tcp.gbps * 8
+    assert tcp.gbits_per_s == tcp.gbytes_per_s * 8
 
 
 def test_path_kinds() -> None:
@@ -56,7 +56,7 @@ def test_nic_line_rate_from_topology(tmp_path: Path) -> None:
     assert nic.rate_gbps
     rate = nic_line_rate(topology, "cuda:0", rdma_only=True)
     assert rate is not None
-    assert rate.gbps == nic.rate_gbps / 8  # port Gbit/s -> GB/s
+    assert rate.gbytes_per_s == nic.rate_gbps / 8  # port Gbit/s -> GB/s
     assert rate.source == f"nic {best} ({nic.rate_gbps:g} Gbit/s port)"
     rates = nic_rates_for("cpu:1", topology)
     assert set(rates) == {"rdma", "tcp"}

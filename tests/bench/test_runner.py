@@ -38,8 +38,8 @@ def test_verified_rows_over_both_transports() -> None:
         assert row.batches == 6  # 3 iterations x 2 threads
         assert row.requests == 24
         assert row.bytes_moved == 24 * 8192
-        assert row.throughput_gbps > 0
-        assert row.line_rate_gbps is not None
+        assert row.throughput_gbytes_per_s > 0
+        assert row.line_rate_gbytes_per_s is not None
         assert row.line_rate_fraction is not None
         assert row.request_latency_p50_us > 0
         assert row.retries == 0  # kvctl's engine reports retries (none on a healthy path)

@@ -3,7 +3,7 @@
 - What a target prints for the other host is a command that works there as pasted.
 - A token on one side only is a clear authentication error within seconds, never a hang.
 - A store node never registers a loopback data path with a master on another host.
-- A shaped link is seen: the rows to and from the slow host miss ``--expect-gbps``.
+- A shaped link is seen: the rows to and from the slow host miss ``--expect-gbytes-per-s``.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_a_loopback_node_for_a_remote_master_is_refused(nshosts: MakeHosts) -> N
 def _bench(initiator: Host, target: Host, expect: float) -> dict[str, Any]:
     done = initiator.run(["kvctl", "bench", "transfer", "--role", "initiator", "--peer",
                           f"{target.address}:7400", *SMALL, "-t", "tcp", "--iterations", "6",
-                          "--warmup", "1", "--expect-gbps", str(expect), "--json"],
+                          "--warmup", "1", "--expect-gbytes-per-s", str(expect), "--json"],
                          timeout=120)
     doc = json.loads(done.stdout)
     doc["exit_code"] = done.returncode
@@ -154,7 +154,7 @@ def test_a_shaped_link_fails_exactly_the_rows_that_cross_it(nshosts: MakeHosts) 
         assert doc["exit_code"] == 1
         missed = {s["label"] for s in doc["verdict"]["shortfalls"]}
         assert len(missed) == len(doc["rows"]) == 2, doc["verdict"]
-        assert all(r["throughput_gbps"] < expect for r in doc["rows"])
+        assert all(r["throughput_gbytes_per_s"] < expect for r in doc["rows"])
 
 
 @pytest.mark.parametrize("who", ["master", "client"])

@@ -19,5 +19,5 @@ def test_plan_reads_a_real_bench_result(kvctl, tmp_path: Path) -> None:
                  "--bench-file", str(path), "--bench-size", "64KiB")
     assert plan.exit_code == 0, plan.stderr
     used = plan.json()
-    assert used["read_gbps"] == max(r["throughput_gbps"] for r in reads)
+    assert used["read_gbytes_per_s"] == max(r["throughput_gbytes_per_s"] for r in reads)
     assert str(path) in used["read_source"] or str(path) in str(used)

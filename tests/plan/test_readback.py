@@ -30,40 +30,42 @@ KVB_70B = 80 * 8 * 128 * 2 * 2  # 327,680 bytes = 320 KiB
 
 
 def test_compare_by_hand() -> None:
-    case = compare(1000, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20)
+    case = compare(1000, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000,
+                   read_gbytes_per_s=20)
     assert case.kv_bytes == 327_680_000
     assert case.recompute_s == pytest.approx(0.2)  # 1000 / 5000
     assert case.readback_s == pytest.approx(0.016384)  # 327.68 MB / 20 GB/s
     assert case.speedup == pytest.approx(0.2 / 0.016384)
     assert case.winner is Winner.READ_BACK
-    slow = compare(1000, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=1)
+    slow = compare(1000, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbytes_per_s=1)
     assert slow.readback_s == pytest.approx(0.32768)
     assert slow.winner is Winner.RECOMPUTE
-    tie = compare(1000, kv_bytes_per_token=1_000_000, prefill_tokens_per_s=1000, read_gbps=1)
+    tie = compare(1000, kv_bytes_per_token=1_000_000, prefill_tokens_per_s=1000,
+                  read_gbytes_per_s=1)
     assert tie.winner is Winner.TIE
     assert tie.speedup == pytest.approx(1.0)
 
 
 def test_break_even_by_hand() -> None:
     # per token: recompute 200 us, read 16.384 us -> 500 us fixed cost repaid after 2.72 tokens
-    be = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
+    be = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbytes_per_s=20,
                     latency_us=500)
     assert be.prefix_tokens == 3
-    assert be.read_gbps == pytest.approx(1.6384)  # 327,680 B x 5000/s
+    assert be.read_gbytes_per_s == pytest.approx(1.6384)  # 327,680 B x 5000/s
     # 100 ms fixed cost: 0.1 / (200e-6 - 16.384e-6) = 544.6 -> 545 tokens
-    be = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
+    be = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbytes_per_s=20,
                     latency_us=100_000)
     assert be.prefix_tokens == 545
-    at_545 = compare(545, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
-                     latency_us=100_000)
-    at_544 = compare(544, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=20,
-                     latency_us=100_000)
+    at_545 = compare(545, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000,
+                     read_gbytes_per_s=20, latency_us=100_000)
+    at_544 = compare(544, kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000,
+                     read_gbytes_per_s=20, latency_us=100_000)
     assert at_545.winner is Winner.READ_BACK
     assert at_544.winner is Winner.RECOMPUTE
-    never = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=1.5)
+    never = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbytes_per_s=1.5)
     assert never.prefix_tokens is None
     assert "never wins" in never.summary
-    always = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbps=2)
+    always = break_even(kv_bytes_per_token=KVB_70B, prefill_tokens_per_s=5000, read_gbytes_per_s=2)
     assert always.prefix_tokens == 0
     assert "every prefix length" in always.summary
 
@@ -78,9 +80,9 @@ def test_capacity_million_tokens_of_70b() -> None:
 
 def test_gpu_tflops_mode_uses_two_flops_per_param() -> None:
     plan = plan_readback(PlanSettings(model="llama-3-8b", gpu_tflops=1000, efficiency=0.5,
-                                      read_gbps=10, prefix_tokens=(4096,)))
+                                      read_gbytes_per_s=10, prefix_tokens=(4096,)))
     assert plan.prefill_tokens_per_s == pytest.approx(1000e12 * 0.5 / (2 * 8.03e9))
-    moe = plan_readback(PlanSettings(model="deepseek-v3", gpu_tflops=1000, read_gbps=10))
+    moe = plan_readback(PlanSettings(model="deepseek-v3", gpu_tflops=1000, read_gbytes_per_s=10))
     assert moe.prefill_tokens_per_s == pytest.approx(1000e12 * 0.5 / (2 * 37e9))  # activated
 
 
@@ -92,31 +94,37 @@ def write_bench(tmp_path: Path, doc: Any) -> Path:
 
 def test_bench_file_picks_fastest_read_row(tmp_path: Path) -> None:
     doc = {"schema_version": 1, "kind": "bench-transfer", "rows": [
-        {"op": "read", "block_size_bytes": 65536, "throughput_gbps": 8.5},
-        {"op": "READ", "block_size_bytes": 1048576, "throughput_gbps": 21.0},
-        {"op": "write", "block_size_bytes": 1048576, "throughput_gbps": 40.0},
+        {"op": "read", "block_size_bytes": 65536, "throughput_gbytes_per_s": 8.5},
+        {"op": "READ", "block_size_bytes": 1048576, "throughput_gbytes_per_s": 21.0},
+        {"op": "write", "block_size_bytes": 1048576, "throughput_gbytes_per_s": 40.0},
     ]}
     path = write_bench(tmp_path, doc)
     bw = read_bench_file(path)
-    assert bw.gbps == 21.0
+    assert bw.gbytes_per_s == 21.0
     assert "row 1" in bw.source
     assert "1 MiB" in bw.source
-    assert read_bench_file(path, size_bytes=65536).gbps == 8.5
+    assert read_bench_file(path, size_bytes=65536).gbytes_per_s == 8.5
     with pytest.raises(UsageError, match="no read rows of block_size_bytes 4096"):
         read_bench_file(path, size_bytes=4096)
     # a bare list of rows, without op
-    bare = write_bench(tmp_path, [{"throughput_gbps": 3}, {"throughput_gbps": 4.5}])
-    assert read_bench_file(bare).gbps == 4.5
+    bare = write_bench(tmp_path, [{"throughput_gbytes_per_s": 3},
+                                  {"throughput_gbytes_per_s": 4.5}])
+    assert read_bench_file(bare).gbytes_per_s == 4.5
+    # a result of row schema 1 names the field throughput_gbps
+    old = write_bench(tmp_path, [{"op": "read", "throughput_gbps": 2.5}])
+    assert read_bench_file(old).gbytes_per_s == 2.5
 
 
 @pytest.mark.parametrize(
     ("doc", "match"),
     [
         ({"rows": []}, "no 'rows' list"),
-        ({"results": [{"throughput_gbps": 1}]}, "no 'rows' list"),
+        ({"results": [{"throughput_gbytes_per_s": 1}]}, "no 'rows' list"),
+        ({"rows": [{"throughput_gbytes_per_s": "fast"}]},
+         "row 0 has throughput_gbytes_per_s 'fast'"),
         ({"rows": [{"throughput_gbps": "fast"}]}, "row 0 has throughput_gbps 'fast'"),
-        ({"rows": [{"op": "read", "throughput_gbps": -1}]}, "expected a positive number"),
-        ({"rows": [{"op": "write", "throughput_gbps": 3}]}, "no read rows"),
+        ({"rows": [{"op": "read", "throughput_gbytes_per_s": -1}]}, "expected a positive number"),
+        ({"rows": [{"op": "write", "throughput_gbytes_per_s": 3}]}, "no read rows"),
         ({"rows": [3]}, "row 0 is not an object"),
     ],
 )
@@ -143,12 +151,12 @@ def test_cli_json_schema(kvctl: Callable[..., Any]) -> None:
     assert doc["break_even"]["prefix_tokens"] == 3
     assert doc["capacity"]["kv_bytes"] == 327_680_000_000
     assert doc["assumptions"]
-    assert doc["read_source"] == "--read-gbps"
+    assert doc["read_source"] == "--read-gbytes-per-s"
 
 
 def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Path) -> None:
     bench = write_bench(tmp_path, {"rows": [
-        {"op": "read", "block_size_bytes": 4096, "throughput_gbps": 1.0}]})
+        {"op": "read", "block_size_bytes": 4096, "throughput_gbytes_per_s": 1.0}]})
     r = kvctl("plan", "readback", "--model", "llama-3-70b", "--prefill-tps", "5000",
               "--bench-file", str(bench), "--sessions", "10", "--context-tokens", "100000")
     assert r.exit_code == 0, r.stderr
@@ -159,7 +167,7 @@ def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Pat
     assert "GiB (binary" in r.stdout
     assert "2 x params" not in r.stdout  # the FLOPs approximation is not used here
     flops = kvctl("plan", "readback", "--model", "llama-3-70b", "--gpu-tflops", "989",
-                  "--read-gbps", "50")
+                  "--read-gbytes-per-s", "50")
     assert "Assumes prefill FLOPs ~= 2 x params per token" in flops.stdout
     assert flops.stdout.count("│ read back │") == 5
 
@@ -168,20 +176,20 @@ def test_cli_table_says_which_side_wins(kvctl: Callable[..., Any], tmp_path: Pat
     ("args", "message"),
     [
         ((), "no model given"),
-        (("--model", "gpt-17", "--prefill-tps", "1", "--read-gbps", "1"), "Llama-3-70B"),
+        (("--model", "gpt-17", "--prefill-tps", "1", "--read-gbytes-per-s", "1"), "Llama-3-70B"),
         (("--model", "llama-3-8b", "--prefill-tps", "1", "--gpu-tflops", "1",
-          "--read-gbps", "1"), "both --prefill-tps and --gpu-tflops"),
+          "--read-gbytes-per-s", "1"), "both --prefill-tps and --gpu-tflops"),
         (("--model", "llama-3-8b", "--gpu", "H100", "--gpu-tflops", "1"),
          "both --gpu-tflops and --gpu"),
         (("--model", "llama-3-8b", "--gpu", "Radeon 9000"), "no peak TFLOP/s is known"),
         (("--model", "llama-3-8b", "--gpu", "H100", "--gpus", "0"), "--gpus 0"),
-        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "0"),
-         "--read-gbps 0.0 is not a positive number"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbytes-per-s", "0"),
+         "--read-gbytes-per-s 0.0 is not a positive number"),
         (("--model", "llama-3-8b", "--gpu-tflops", "100", "--efficiency", "2",
-          "--read-gbps", "1"), "--efficiency 2.0 is outside"),
-        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "1",
+          "--read-gbytes-per-s", "1"), "--efficiency 2.0 is outside"),
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbytes-per-s", "1",
           "--prefix-tokens", "10,zero"), "--prefix-tokens"),
-        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbps", "1",
+        (("--model", "llama-3-8b", "--prefill-tps", "1", "--read-gbytes-per-s", "1",
           "--sessions", "10"), "needs both --sessions and --context-tokens"),
         (("--model", "llama-3-8b", "--prefill-tps", "1", "--bench-file", "/nonexistent.json"),
          "cannot read bench result"),
@@ -198,7 +206,7 @@ def test_cli_bad_input_exits_2(
 
 
 def test_no_fixed_cost_means_one_side_wins_everywhere() -> None:
-    plan = plan_readback(PlanSettings(model="qwen2.5-7b", prefill_tps=10_000, read_gbps=5,
+    plan = plan_readback(PlanSettings(model="qwen2.5-7b", prefill_tps=10_000, read_gbytes_per_s=5,
                                       prefix_tokens=(16, 1 << 20)))
     # 57,344 B/token: 11.5 us to read vs 100 us to recompute, at every length
     assert {c.winner for c in plan.cases} == {Winner.READ_BACK}
@@ -216,9 +224,9 @@ def test_no_rate_still_sizes_the_kv() -> None:
     plan = plan_readback(PlanSettings(model="llama-3-70b", sessions=1000,
                                       context_tokens=1000))
     assert plan.prefill_tokens_per_s is None
-    assert plan.read_gbps is None
+    assert plan.read_gbytes_per_s is None
     assert plan.break_even is None
-    assert plan.break_even_gbps is None
+    assert plan.break_even_gbytes_per_s is None
     assert plan.sizing.kv_bytes_per_token == KVB_70B
     assert plan.sizing.tokens_per_gib == 2**30 // KVB_70B == 3276
     assert plan.sizing.tokens_per_tb == 10**12 // KVB_70B
@@ -232,7 +240,7 @@ def test_no_rate_still_sizes_the_kv() -> None:
 
 
 def test_prefill_rate_from_the_gpu_nvml_reports() -> None:
-    plan = plan_readback(PlanSettings(model="llama-3-8b", read_gbps=10),
+    plan = plan_readback(PlanSettings(model="llama-3-8b", read_gbytes_per_s=10),
                          nvml=_nvml("NVIDIA H200"))
     assert plan.gpu is not None
     assert plan.gpu.name == "H200 SXM"
@@ -265,7 +273,7 @@ def test_prefill_only_gives_the_break_even_bandwidth() -> None:
                                       prefix_tokens=(1000,)))
     tps = 8 * 989.4e12 * 0.5 / (2 * 70.55e9)
     assert plan.prefill_tokens_per_s == pytest.approx(tps, rel=1e-3)
-    assert plan.break_even_gbps == pytest.approx(KVB_70B * tps / 1e9, rel=1e-3)
+    assert plan.break_even_gbytes_per_s == pytest.approx(KVB_70B * tps / 1e9, rel=1e-3)
     assert plan.cases[0].recompute_s == pytest.approx(1000 / tps, rel=1e-3)
     assert plan.cases[0].readback_s is None
     assert plan.missing == [NO_READ_HINT]
@@ -316,8 +324,8 @@ def test_cli_without_any_rate_exits_0_with_the_sizing(kvctl: Callable[..., Any])
     assert doc["sizing"]["kv_bytes_per_token"] == KVB_70B
     assert doc["cases"][0]["kv_bytes"] == 256 * KVB_70B
     assert doc["cases"][0]["recompute_s"] is None
-    gpu = kvctl("plan", "readback", "--model", "llama-3-70b", "--gpu", "L40S", "--read-gbps",
-                "20", "--no-nvml")
+    gpu = kvctl("plan", "readback", "--model", "llama-3-70b", "--gpu", "L40S",
+                "--read-gbytes-per-s", "20", "--no-nvml")
     assert gpu.exit_code == 0, gpu.stderr
     assert "GPU peak 362.05 TFLOP/s (L40S)" in gpu.stdout
     assert "Break-even: reading back" in gpu.stdout

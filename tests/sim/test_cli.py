@@ -42,7 +42,7 @@ def test_json_schema(kvctl: Callable[..., Any]) -> None:
 
 
 def test_time_view_in_json_and_table(kvctl: Callable[..., Any]) -> None:
-    args = (*SMALL, "--model", "llama-3-70b", "--prefill-tps", "5000", "--pool-gbps", "20")
+    args = (*SMALL, "--model", "llama-3-70b", "--prefill-tps", "5000", "--pool-gbytes-per-s", "20")
     doc = kvctl("sim", "pool", *args, "--json").json()
     view = doc["time_view"]
     assert view["kv_bytes_per_token"] == 327680
@@ -96,9 +96,9 @@ def test_plot_without_matplotlib_says_how_to_install(
         (("--answer-kv", "sometimes"), "--answer-kv"),
         (("--sessions", "0"), "--sessions 0 is not positive"),
         (("--pool-blocks", "0"), "--pool-blocks 0"),
-        (("--model", "llama-3-70b"), "missing --prefill-tps, --pool-gbps"),
-        (("--model", "gpt-17", "--prefill-tps", "1", "--pool-gbps", "1"), "unknown model"),
-        (("--model", "llama-3-8b", "--prefill-tps", "-1", "--pool-gbps", "1"),
+        (("--model", "llama-3-70b"), "missing --prefill-tps, --pool-gbytes-per-s"),
+        (("--model", "gpt-17", "--prefill-tps", "1", "--pool-gbytes-per-s", "1"), "unknown model"),
+        (("--model", "llama-3-8b", "--prefill-tps", "-1", "--pool-gbytes-per-s", "1"),
          "--prefill-tps -1.0 is not a positive number"),
         (("--keep",), "--keep needs --store"),
     ],

@@ -162,7 +162,7 @@ def test_time_view_by_hand() -> None:
     w = small(7, sessions=30)
     cells = run_grid(w, instances=2, local_blocks=[40], pool_blocks=10**5, pool_factory=LruPool)
     costs = TimeModel(resolve_model("llama-3-70b"), prefill_tokens_per_s=4000.0,
-                      pool_read_gbps=10.0)
+                      pool_read_gbytes_per_s=10.0)
     rows = time_view(cells, costs)
     no_pool, with_pool = cells[0], cells[1]
     assert with_pool.pool_hit_tokens > 0
@@ -175,7 +175,7 @@ def test_time_view_by_hand() -> None:
                                                    - row.prefill_s)
     assert rows[0].saved_vs_no_pool_s is None
     with pytest.raises(UsageError):
-        TimeModel(resolve_model("llama-3-8b"), prefill_tokens_per_s=0.0, pool_read_gbps=1.0)
+        TimeModel(resolve_model("llama-3-8b"), prefill_tokens_per_s=0.0, pool_read_gbytes_per_s=1.0)
 
 
 def test_bad_workloads_are_usage_errors() -> None:
