@@ -260,11 +260,13 @@ def _nic_rates(opts: GlobalOptions, out: Output, location: str) -> dict[str, Lin
 
 def _serve_target(out: Output, settings: BenchSettings, region_bytes: int,
                   engines: tuple[str, ...], transports: tuple[str, ...], token: str | None,
-                  serve_for_s: float | None) -> None:
+                  serve_for_s: float | None, *, nics: tuple[str, ...] = (),
+                  gid_index: int | None = None, metrics_port: int | None = None) -> None:
     advertise = tuple(a.strip() for a in (settings.advertise or "").split(",") if a.strip())
     spec = TargetSpec(region_bytes=region_bytes, location=settings.remote_location,
                       listen=settings.listen, metadata=settings.metadata,
-                      segment=settings.segment, token=token, advertise=advertise)
+                      segment=settings.segment, token=token, advertise=advertise,
+                      nics=nics, gid_index=gid_index, metrics_port=metrics_port)
     stop = threading.Event()
     with TargetSet(spec, engines, transports) as targets:
         info = targets.info
