@@ -7,11 +7,12 @@ The agent
    is none, and refuses a cluster that runs with another token;
 2. registers its :class:`~kvctl.cluster.protocol.HostRecord` and a liveness key under a lease
    (:class:`~kvctl.transfer.metadata.LeaseKeeper`): killed, it vanishes within the TTL;
-3. polls ``jobs/<host>/`` every ``poll_s`` seconds and runs each new job in a thread of its
-   own: the job's signature is checked first (a job a client without the token wrote is
-   refused, with the reason in its status); a handler per kind (:mod:`kvctl.cluster.jobs`)
-   publishes ``ready`` for serving jobs (a target, a store node) and holds, or returns a
-   result (``done``), or fails with the error's cause and hint;
+3. watches ``jobs/<host>/`` (pushed by etcd and ``memory://``, polled every ``poll_s``
+   seconds elsewhere) and runs each new job in a thread of its own: the job's signature
+   is checked first (a job a client without the token wrote is refused, with the reason
+   in its status); a handler per kind (:mod:`kvctl.cluster.jobs`) publishes ``ready``
+   for serving jobs (a target, a store node) and holds, or returns a result (``done``),
+   or fails with the error's cause and hint;
 4. stops a job whose key is gone (the client deleted it, or the client died and its lease
    took its jobs), and deletes the job's status once it has stopped.
 
@@ -52,6 +53,7 @@ from kvctl.errors import KvctlError, UsageError
 from kvctl.metrics import ServerMetrics
 from kvctl.transfer.errors import AuthError
 from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, MetadataError
+from kvctl.transfer.metadata.watch import Watch, apply_changes
 
 _log = logging.getLogger("kvctl.cluster")
 
@@ -137,6 +139,10 @@ class _Running:
         self.status_key: str | None = None
 
 
+#: Help text of ``kvctl_agent_jobs_refused_total``.
+_REFUSED_DOC = "Jobs refused (unsigned, unknown kind, bad parameters)."
+
+
 class Agent:
     """A registered host serving jobs. ``start()`` registers; ``close()`` deregisters.
 
@@ -168,6 +174,7 @@ class Agent:
         self._done: dict[str, str | None] = {}  # job id -> its status key, until the job goes
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
+        self._watch: Watch | None = None
         self._slots = threading.BoundedSemaphore(MAX_RUNNING)
         self.refused = 0
         if metrics is not None:
@@ -175,6 +182,7 @@ class Agent:
             metrics.gauge("registered", "1 while the lease is renewed, else 0.",
                           lambda: 1.0 if self._keeper is not None and self._keeper.healthy
                           else 0.0)
+            metrics.counter("jobs_refused", _REFUSED_DOC)  # exported from the start, at 0
 
     @property
     def hostname(self) -> str:
@@ -210,13 +218,17 @@ class Agent:
         self._poller = threading.Thread(target=self._poll_loop, name="kvctl-agent-poll",
                                         daemon=True)
         self._poller.start()
-        _log.info("agent %s registered at %s (lease %.0f s, polling every %.2f s)",
+        _log.info("agent %s registered at %s (lease %.0f s; jobs polled every %.2f s "
+                  "where the service cannot push them)",
                   self.hostname, self.client.url, self.record.lease_ttl_s, self.record.poll_s)
         return self
 
     def close(self) -> None:
         """Stop every job, withdraw the registration (the lease is revoked). Idempotent."""
         self._stop.set()
+        watch = self._watch
+        if watch is not None:
+            watch.close()  # wakes the poller
         poller, self._poller = self._poller, None
         if poller is not None:
             poller.join(timeout=self.record.poll_s + 10)
@@ -273,16 +285,26 @@ class Agent:
     # ------------------------------------------------------------------ the job loop
 
     def _poll_loop(self) -> None:
+        """Follow ``jobs/<host>/`` through a watch: pushed by etcd (a job starts within
+        milliseconds of being posted) or polled every ``poll_s`` where the service cannot
+        push (:mod:`kvctl.transfer.metadata.watch`)."""
         prefix = self.keys.jobs_prefix(self.hostname)
+        jobs: dict[str, bytes] = {}
         while not self._stop.is_set():
             try:
-                listing = self.client.list(prefix)
+                watch = self._watch
+                if watch is None:
+                    watch = self._watch = self.client.watch(prefix, poll_s=self.record.poll_s)
+                changed = apply_changes(jobs, watch.wait(max(self.record.poll_s, 1.0)))
             except MetadataError as exc:
-                _log.warning("cannot list jobs at %s: %s", self.client.url, exc.cause)
-                listing = None
-            if listing is not None:
-                self._sync(prefix, listing)
-            self._stop.wait(self.record.poll_s)
+                _log.warning("cannot follow jobs at %s: %s", self.client.url, exc.cause)
+                self._stop.wait(self.record.poll_s)
+                continue
+            if changed and not self._stop.is_set():  # a stopping agent starts nothing
+                self._sync(prefix, jobs)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
 
     def _sync(self, prefix: str, listing: Mapping[str, bytes]) -> None:
         present: set[str] = set()
@@ -328,8 +350,7 @@ class Agent:
     def _refuse(self, key: str, job_id: str, value: bytes, exc: KvctlError) -> None:
         self.refused += 1
         if self.metrics is not None:
-            self.metrics.counter("jobs_refused", "Jobs refused (unsigned, unknown kind, bad "
-                                 "parameters).").inc()
+            self.metrics.counter("jobs_refused", _REFUSED_DOC).inc()
         _log.warning("refusing %s: %s", key, exc.cause)
         claimed = peek(key, value, "job", Job)
         status_key = None

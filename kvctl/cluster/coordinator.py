@@ -1,10 +1,13 @@
 """The client side of the protocol: post jobs, follow their statuses, notice vanished hosts.
 
 A :class:`Coordinator` holds one lease for the run: every job it posts rides on it, so if the
-client dies (or is interrupted) its jobs vanish and the agents stop serving. Each poll is two
-range reads whatever the cluster's size: the run's statuses, and the liveness keys. A host
-whose liveness key is gone (its agent's lease expired) makes its pending jobs *missing*: the
-run goes on without it and reports when it was noticed. Every wait is bounded.
+client dies (or is interrupted) its jobs vanish and the agents stop serving. It follows the
+run's statuses and the liveness keys through one watch (:mod:`kvctl.transfer.metadata.watch`):
+pushed by etcd, so a status or a vanished host is seen within milliseconds and an idle run
+reads nothing; polled every ``poll_s`` (two range reads, whatever the cluster's size) where
+the service cannot push. A host whose liveness key is gone (its agent's lease expired) makes
+its pending jobs *missing*: the run goes on without it and reports when it was noticed.
+Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from kvctl.cluster.protocol import (
 from kvctl.errors import KvctlError, UsageError
 from kvctl.transfer.errors import AuthError
 from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, MetadataError
+from kvctl.transfer.metadata.watch import Snapshot, Watch, apply_changes
 
 _log = logging.getLogger("kvctl.cluster")
 
@@ -100,7 +104,8 @@ class Coordinator:
         keys: the cluster's key layout.
         token: the cluster token (jobs are signed, statuses checked).
         ttl_s: the run's lease TTL: how long jobs outlive a dead client.
-        poll_s: seconds between polls while waiting.
+        poll_s: longest wait between checks of a stop or a deadline, and the poll interval
+            of services that cannot push changes.
         run_id: the run's id (random when ``None``).
     """
 
@@ -119,6 +124,9 @@ class Coordinator:
         self._refs: dict[str, JobRef] = {}
         self._alive: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._watch: Watch | None = None
+        self._state: dict[str, bytes] = {}  # what the watch says is under its prefixes
+        self._synced: set[str] = set()  # prefixes whose snapshot came
 
     def start(self) -> Self:
         """Check the token policy and take the run's lease.
@@ -129,12 +137,28 @@ class Coordinator:
         """
         agree_policy(self.client, self.keys, self.token,
                      who=f"client@{socket.gethostname()}")
-        self._keeper = LeaseKeeper(self.client, self.ttl_s,
-                                   name=f"kvctl-cluster-run-{self.run_id}").start()
+        watch = self.client.watch([self.keys.status_prefix(self.run_id),
+                                   self.keys.alive_prefix], poll_s=self.poll_s)
+        self._watch = watch
+        try:
+            deadline = time.monotonic() + max(self.ttl_s, 5.0)
+            while not self._sync_now(max(0.0, deadline - time.monotonic())):
+                if time.monotonic() >= deadline:
+                    raise MetadataError(f"no snapshot of the cluster from {self.client.url}",
+                                        "check that the metadata service answers")
+            self._keeper = LeaseKeeper(self.client, self.ttl_s,
+                                       name=f"kvctl-cluster-run-{self.run_id}").start()
+        except BaseException:
+            self._watch = None
+            watch.close()
+            raise
         return self
 
     def close(self) -> None:
         """Revoke the lease (every job left vanishes). Idempotent."""
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.close()
         keeper, self._keeper = self._keeper, None
         if keeper is not None:
             keeper.stop()
@@ -186,30 +210,49 @@ class Coordinator:
 
     # ------------------------------------------------------------------ polling
 
-    def refresh(self) -> bool:
-        """One poll: every status of the run and every liveness key. ``False`` (logged)
-        when the metadata service did not answer."""
+    def refresh(self, wait_s: float = 0.0) -> bool:
+        """Take in what changed (waiting up to ``wait_s`` for something): statuses of the
+        run and liveness keys. ``False`` (logged) when the metadata service did not answer,
+        or has not yet given a first view of both."""
         try:
-            statuses = self.client.list(self.keys.status_prefix(self.run_id))
-            alive = self.client.list(self.keys.alive_prefix)
+            return self._sync_now(wait_s)
         except MetadataError as exc:
-            _log.warning("poll of %s failed: %s", self.client.url, exc.cause)
+            _log.warning("following %s failed: %s", self.client.url, exc.cause)
             return False
-        live = {k[len(self.keys.alive_prefix):]: v.decode(errors="replace")
-                for k, v in alive.items()}
+
+    def _sync_now(self, wait_s: float) -> bool:
+        watch = self._watch
+        if watch is None:
+            raise UsageError("the coordinator is not started", "call start() first")
+        changes = watch.wait(wait_s)
+        changed: set[str] = set()
+        for change in changes:
+            if isinstance(change, Snapshot):
+                self._synced.add(change.prefix)
+                changed.update(k for k in self._state if k.startswith(change.prefix))
+                changed.update(change.entries)
+            else:
+                changed.add(change.key)
+        apply_changes(self._state, changes)
+        status_prefix = self.keys.status_prefix(self.run_id)
+        alive_prefix = self.keys.alive_prefix
         with self._lock:
-            self._alive = live
+            if any(k.startswith(alive_prefix) for k in changed):
+                self._alive = {k[len(alive_prefix):]: v.decode(errors="replace")
+                               for k, v in self._state.items() if k.startswith(alive_prefix)}
             refs = dict(self._refs)
         by_key = {r.status_key: r for r in refs.values()}
-        for key, value in statuses.items():
-            ref = by_key.get(key)
-            if ref is None:
+        for key in changed:
+            ref = by_key.get(key) if key.startswith(status_prefix) else None
+            value = self._state.get(key)
+            if ref is None or value is None:
                 continue
             try:
                 ref.status = unseal(key, value, "status", JobStatus, self.token)
+                ref.untrusted = None
             except KvctlError as exc:
                 ref.untrusted = f"status of {ref.host} not trusted: {exc.cause}"
-        return True
+        return self._synced >= {status_prefix, alive_prefix}
 
     def alive(self, host: str) -> bool:
         """Whether ``host``'s liveness key was there at the last poll."""
@@ -226,8 +269,9 @@ class Coordinator:
                 missing or wrong).
         """
         deadline = time.monotonic() + timeout_s
+        wait_s = 0.0
         while True:
-            polled = self.refresh()
+            polled = self.refresh(wait_s)
             pending = [r for r in refs if not r.settled(want)]
             for ref in refs:
                 status = ref.status
@@ -246,8 +290,7 @@ class Coordinator:
                 for ref in pending:
                     ref.timed_out = True
                 return True
-            if stop is not None:
-                if stop.wait(self.poll_s):
-                    return False
-            else:
-                time.sleep(self.poll_s)
+            if stop is not None and stop.is_set():
+                return False
+            # the next changes end the wait at once; poll_s bounds how late a stop is seen
+            wait_s = max(0.0, min(self.poll_s, deadline - time.monotonic()))

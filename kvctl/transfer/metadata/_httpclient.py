@@ -56,7 +56,7 @@ class HttpPool:
         """
         all_headers = {"Content-Type": "application/json", **(headers or {})}
         for attempt in range(2):
-            conn, reused = self._take()
+            conn, reused = self._take(fresh=attempt > 0)
             try:
                 conn.request(method, path, body=body, headers=all_headers)
                 response = conn.getresponse()
@@ -82,10 +82,16 @@ class HttpPool:
         for conn in idle:
             conn.close()
 
-    def _take(self) -> tuple[http.client.HTTPConnection, bool]:
+    def _take(self, *, fresh: bool = False) -> tuple[http.client.HTTPConnection, bool]:
         with self._lock:
-            if self._idle:
+            if fresh:  # the idle ones may all be stale (the server restarted): drop them
+                stale, self._idle = self._idle, []
+            elif self._idle:
                 return self._idle.pop(), True
+            else:
+                stale = []
+        for conn in stale:
+            conn.close()
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s), False
 
     def _give(self, conn: http.client.HTTPConnection) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import abc
 import dataclasses
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import NewType, Self
 
 from kvctl.errors import ExitCode, KvctlError, UsageError
+from kvctl.transfer.metadata.watch import DEFAULT_POLL_S, PollingWatch, Watch
 
 LeaseId = NewType("LeaseId", int)
 
@@ -97,6 +98,19 @@ class MetadataClient(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release connections. Safe to call twice."""
+
+    def watch(self, prefixes: str | Sequence[str], *, poll_s: float = DEFAULT_POLL_S) -> Watch:
+        """Follow every change under ``prefixes`` (see :mod:`kvctl.transfer.metadata.watch`):
+        a snapshot of each prefix first, then each put and each deletion or expiry, in order.
+
+        Backends that can push changes override this; the default polls: one ``list`` per
+        prefix every ``poll_s`` seconds, diffed (``poll_s`` is also how late a pushed watch
+        may report what its service cannot push, such as a Redis lease expiring).
+
+        Raises:
+            ValueError: no prefix, overlapping prefixes, or ``poll_s`` not positive.
+        """
+        return PollingWatch(self, prefixes, poll_s=poll_s)
 
     def __enter__(self) -> Self:
         return self

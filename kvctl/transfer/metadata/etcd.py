@@ -21,8 +21,11 @@ import binascii
 import builtins
 import contextlib
 import dataclasses
+import http.client
 import json
+import logging
 import math
+import socket
 import threading
 import urllib.parse
 from collections.abc import Sequence
@@ -40,6 +43,16 @@ from kvctl.transfer.metadata.base import (
     register_backend,
     split_endpoints,
 )
+from kvctl.transfer.metadata.watch import (
+    DEFAULT_POLL_S,
+    Change,
+    QueueWatch,
+    Snapshot,
+    Watch,
+    WatchEvent,
+)
+
+_log = logging.getLogger(__name__)
 
 _LEASE_NOT_FOUND = "requested lease not found"
 
@@ -81,6 +94,7 @@ class EtcdMetadata(MetadataClient):
             raise UsageError("etcd metadata needs at least one endpoint",
                              "write e.g. etcd://127.0.0.1:2379")
         self.url = url or "etcd://" + ",".join(f"{h}:{p}" for h, p in endpoints)
+        self.timeout_s = timeout_s
         self._pools = [HttpPool(host, port, timeout_s) for host, port in endpoints]
         self._current = 0
         self._lock = threading.Lock()
@@ -127,10 +141,15 @@ class EtcdMetadata(MetadataClient):
         return EtcdPage(entries, bool(answer.get("more")), read_at,
                         int(answer.get("count", len(entries)) or 0))
 
-    def write_batch(self, changes: Sequence[tuple[str, bytes | None]]) -> None:
+    def write_batch(self, changes: Sequence[tuple[str, bytes | None]], *,
+                    guard: tuple[str, int] | None = None) -> bool:
         """Puts (a value) and deletes (``None``) of distinct keys in one transaction: all
         of them or none. etcd refuses more than ``--max-txn-ops`` (128 by default) changes
-        or ``--max-request-bytes`` (1.5 MiB) in one."""
+        or ``--max-request-bytes`` (1.5 MiB) in one.
+
+        With ``guard`` (key, revision) the transaction applies only while that key's mod
+        revision is still ``revision`` (a leader fencing its writes by its term);
+        ``False`` when it was not applied for that reason."""
         # Built as text (base64 needs no JSON escaping): a third of json.dumps's time, and
         # this runs for every change a store master records.
         ops: builtins.list[str] = []
@@ -140,7 +159,44 @@ class EtcdMetadata(MetadataClient):
             else:
                 ops.append(f'{{"request_put":{{"key":"{_b64(key.encode())}",'
                            f'"value":"{_b64(value)}"}}}}')
-        self._call_body("kv/txn", ('{"success":[' + ",".join(ops) + "]}").encode())
+        compare = ""
+        if guard is not None:
+            compare = (f'"compare":[{{"key":"{_b64(guard[0].encode())}","result":"EQUAL",'
+                       f'"target":"MOD","mod_revision":"{int(guard[1])}"}}],')
+        answer = self._call_body(
+            "kv/txn", ("{" + compare + '"success":[' + ",".join(ops) + "]}").encode())
+        return guard is None or bool(answer.get("succeeded"))
+
+    def get_entry(self, key: str) -> tuple[bytes, int] | None:
+        """``key``'s value and mod revision, or ``None`` when it is absent."""
+        kvs = self._call("kv/range", {"key": _b64(key.encode())}).get("kvs") or []
+        for kv in kvs:
+            return self._unb64(kv.get("value", "")), int(kv.get("mod_revision", 0) or 0)
+        return None
+
+    def claim(self, key: str, value: bytes, *, lease: LeaseId, replace: int = 0
+              ) -> tuple[bool, int, bytes | None]:
+        """Put ``key`` = ``value`` under ``lease`` in one transaction, only if the key is
+        absent (``replace`` 0) or still at mod revision ``replace``: ``(won, mod revision,
+        value)`` of the key afterwards (``won``: ours, its revision is the transaction's;
+        else whoever holds it, or revision 0 and ``None`` when it is gone)."""
+        encoded = _b64(key.encode())
+        compare = ({"key": encoded, "result": "EQUAL", "target": "MOD",
+                    "mod_revision": str(replace)} if replace else
+                   {"key": encoded, "result": "EQUAL", "target": "CREATE",
+                    "create_revision": "0"})
+        answer = self._call("kv/txn", {
+            "compare": [compare],
+            "success": [{"request_put": {"key": encoded, "value": _b64(value),
+                                         "lease": str(int(lease))}}],
+            "failure": [{"request_range": {"key": encoded}}]})
+        if answer.get("succeeded"):
+            return True, int((answer.get("header") or {}).get("revision", 0) or 0), value
+        for response in answer.get("responses") or []:
+            for kv in (response.get("response_range") or {}).get("kvs") or []:
+                return (False, int(kv.get("mod_revision", 0) or 0),
+                        self._unb64(kv.get("value", "")))
+        return False, 0, None
 
     def delete(self, key: str) -> bool:
         answer = self._call("kv/deleterange", {"key": _b64(key.encode())})
@@ -168,6 +224,20 @@ class EtcdMetadata(MetadataClient):
     def revoke(self, lease: LeaseId) -> None:
         with contextlib.suppress(LeaseExpiredError):  # already gone: revoking is idempotent
             self._call("lease/revoke", {"ID": str(int(lease))})
+
+    def watch(self, prefixes: str | Sequence[str], *, poll_s: float = DEFAULT_POLL_S) -> Watch:
+        """Pushed: one ``/v3/watch`` stream per prefix (see :class:`_EtcdWatch`); lease
+        expiries arrive as deletions the moment etcd revokes the lease."""
+        if not poll_s > 0:
+            raise ValueError(f"watch poll interval {poll_s} s is not positive")
+        return _EtcdWatch(self, prefixes)
+
+    def endpoints(self) -> builtins.list[tuple[str, int]]:
+        """The endpoints, the one that answered last first."""
+        with self._lock:
+            first = self._current
+        pools = self._pools[first:] + self._pools[:first]
+        return [(p.host, p.port) for p in pools]
 
     def close(self) -> None:
         with self._lock:
@@ -238,6 +308,157 @@ class EtcdMetadata(MetadataClient):
     def _bad_answer(self, what: str) -> MetadataError:
         return MetadataError(f"etcd {self.url} gave a bad answer: {what}",
                              "check that the URL points at an etcd v3 client port")
+
+
+#: Seconds a watch stream may stay silent before it is reopened (from the revision it
+#: reached, so nothing is missed): how long a watch can sit on a dead connection.
+WATCH_IDLE_S = 30.0
+#: Longest wait between attempts to reopen a broken watch stream.
+WATCH_RETRY_MAX_S = 5.0
+
+
+class _EtcdWatch(QueueWatch):
+    """etcd's watch API through the JSON gateway: per prefix, a range read (the snapshot,
+    at revision R) and a ``POST /v3/watch`` from R+1, whose chunked answer streams JSON
+    messages of events. A stream that breaks, or is silent for :data:`WATCH_IDLE_S`, is
+    reopened from the revision it had reached; one etcd can no longer serve from there
+    (compacted) is restarted with a new snapshot. Endpoints are tried in turn."""
+
+    def __init__(self, client: EtcdMetadata, prefixes: str | Sequence[str]) -> None:
+        super().__init__(prefixes, on_close=self._interrupt)
+        self._client = client
+        self._conns: dict[str, http.client.HTTPConnection] = {}
+        self._conns_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._follow, args=(p,), daemon=True,
+                                          name=f"kvctl-etcd-watch-{p}")
+                         for p in self.prefixes]
+        for thread in self._threads:
+            thread.start()
+
+    def _interrupt(self) -> None:
+        self._stop.set()
+        with self._conns_lock:
+            conns = list(self._conns.values())
+        for conn in conns:  # wakes the reader blocked in recv()
+            with contextlib.suppress(OSError):
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
+
+    def _follow(self, prefix: str) -> None:
+        revision: int | None = None  # the next revision to watch from
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                if revision is None:
+                    revision = self._snapshot(prefix)
+                revision = self._stream(prefix, revision)
+                backoff = 0.2
+            except MetadataError as exc:
+                if self._stop.is_set():
+                    return
+                self.fail(exc)
+                self._stop.wait(backoff)
+                backoff = min(WATCH_RETRY_MAX_S, backoff * 2)
+
+    def _snapshot(self, prefix: str) -> int:
+        answer = self._client._call("kv/range", {
+            "key": _b64(prefix.encode() or b"\0"),
+            "range_end": _b64(prefix_range_end(prefix.encode()))})
+        entries = {self._client._unb64(kv.get("key", "")).decode("utf-8", errors="replace"):
+                   self._client._unb64(kv.get("value", "")) for kv in answer.get("kvs") or []}
+        self.push([Snapshot(prefix, entries)])
+        return int((answer.get("header") or {}).get("revision", 0) or 0) + 1
+
+    def _stream(self, prefix: str, revision: int) -> int | None:
+        """Follow one stream from ``revision``; returns where to go on from (``None``: take
+        a new snapshot first).
+
+        Raises:
+            MetadataError: no endpoint accepted the stream, or it broke.
+        """
+        body = json.dumps({"create_request": {
+            "key": _b64(prefix.encode() or b"\0"),
+            "range_end": _b64(prefix_range_end(prefix.encode())),
+            "start_revision": str(revision)}}).encode()
+        failures: list[str] = []
+        for host, port in self._client.endpoints():
+            conn = http.client.HTTPConnection(host, port, timeout=self._client.timeout_s)
+            with self._conns_lock:
+                self._conns[prefix] = conn
+            try:
+                if self._stop.is_set():
+                    return revision
+                conn.request("POST", "/v3/watch", body=body,
+                             headers={"Content-Type": "application/json"})
+                response = conn.getresponse()
+                if response.status != 200:
+                    failures.append(f"{host}:{port} HTTP {response.status}")
+                    continue
+                if conn.sock is not None:
+                    conn.sock.settimeout(WATCH_IDLE_S)
+                return self._read(prefix, response, revision)
+            except TimeoutError:
+                return revision  # silent for WATCH_IDLE_S (or a slow connect): reopen
+            except (OSError, http.client.HTTPException) as exc:
+                if self._stop.is_set():
+                    return revision
+                failures.append(f"{host}:{port} {type(exc).__name__}: {exc}")
+            finally:
+                with self._conns_lock:
+                    self._conns.pop(prefix, None)
+                conn.close()
+        raise MetadataError(f"cannot watch {prefix} in etcd at {self._client.url}: "
+                            f"{'; '.join(failures) or 'no endpoint'}",
+                            "check that etcd is running; the watch retries on its own")
+
+    def _read(self, prefix: str, response: http.client.HTTPResponse, revision: int
+              ) -> int | None:
+        decoder = json.JSONDecoder()
+        buffer = ""
+        while not self._stop.is_set():
+            chunk = response.read1(65536)
+            if not chunk:
+                raise MetadataError(f"etcd {self._client.url} closed the watch of {prefix}",
+                                    "the watch reopens on its own")
+            buffer += chunk.decode("utf-8", errors="replace")
+            while True:
+                buffer = buffer.lstrip()
+                if not buffer:
+                    break
+                try:
+                    message, end = decoder.raw_decode(buffer)
+                except ValueError:
+                    break  # the rest of the message has not arrived yet
+                buffer = buffer[end:]
+                step = self._message(prefix, message, revision)
+                if step is None:
+                    return None
+                revision = step
+        return revision
+
+    def _message(self, prefix: str, message: Any, revision: int) -> int | None:
+        result = message.get("result") if isinstance(message, dict) else None
+        if not isinstance(result, dict):
+            error = message.get("error") if isinstance(message, dict) else message
+            raise MetadataError(f"etcd {self._client.url} ended the watch of {prefix}: "
+                                f"{str(error)[:200]}", "the watch reopens on its own")
+        if result.get("canceled") or result.get("compact_revision"):
+            _log.info("watch of %s restarts from a snapshot (%s)", prefix,
+                      result.get("cancel_reason") or "history compacted")
+            return None
+        changes: builtins.list[Change] = []
+        for event in result.get("events") or []:
+            kv = event.get("kv") or {}
+            key = self._client._unb64(kv.get("key", "")).decode("utf-8", errors="replace")
+            if event.get("type") == "DELETE":
+                changes.append(WatchEvent(key, None))
+            else:
+                changes.append(WatchEvent(key, self._client._unb64(kv.get("value", ""))))
+            revision = max(revision, int(kv.get("mod_revision", 0) or 0) + 1)
+        if changes:
+            self.push(changes)
+        return revision
 
 
 def _b64(data: bytes) -> str:

@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Sequence
 from typing import Self
 
 from kvctl.errors import UsageError
@@ -22,6 +23,14 @@ from kvctl.transfer.metadata.base import (
     MetadataClient,
     MetadataOptions,
     register_backend,
+)
+from kvctl.transfer.metadata.watch import (
+    DEFAULT_POLL_S,
+    Change,
+    QueueWatch,
+    Snapshot,
+    Watch,
+    WatchEvent,
 )
 
 
@@ -36,6 +45,13 @@ class _Store:
         self.leases: dict[LeaseId, tuple[float, float]] = {}  # id -> (ttl_s, deadline)
         self.bound: dict[LeaseId, set[str]] = {}  # id -> keys put under it
         self._deadlines: list[tuple[float, LeaseId]] = []
+        self.watchers: list[QueueWatch] = []
+
+    def notify(self, key: str, value: bytes | None) -> None:
+        """Tell the watchers of ``key`` (called with the lock held, after the change)."""
+        for watcher in self.watchers:
+            if watcher.matches(key):
+                watcher.push([WatchEvent(key, value)])
 
     def new_lease_id(self) -> LeaseId:
         while True:
@@ -65,6 +81,8 @@ class _Store:
         self.data[key] = (value, lease)
         if lease is not None:
             self.bound[lease].add(key)
+        if self.watchers:
+            self.notify(key, value)
 
     def delete(self, key: str) -> bool:
         old = self.data.pop(key, None)
@@ -72,6 +90,8 @@ class _Store:
             return False
         if old[1] is not None:
             self.bound.get(old[1], set()).discard(key)
+        if self.watchers:
+            self.notify(key, None)
         return True
 
     def drop_lease(self, lid: LeaseId) -> None:
@@ -80,6 +100,8 @@ class _Store:
             entry = self.data.get(key)
             if entry is not None and entry[1] == lid:
                 del self.data[key]
+                if self.watchers:
+                    self.notify(key, None)
 
     def expire(self, now: float) -> None:
         heap = self._deadlines
@@ -159,8 +181,44 @@ class MemoryMetadata(MetadataClient):
         with self._store.lock:
             self._store.drop_lease(lease)
 
+    def watch(self, prefixes: str | Sequence[str], *, poll_s: float = DEFAULT_POLL_S) -> Watch:
+        """Pushed: every put, delete and expiry reaches the watch as it happens (expiries
+        are found at least every ``poll_s``, as the store finds them lazily)."""
+        return _MemoryWatch(self._store, prefixes, poll_s=poll_s, now=self._now)
+
     def close(self) -> None:
         self._closed = True
+
+
+class _MemoryWatch(QueueWatch):
+    def __init__(self, store: _Store, prefixes: str | Sequence[str], *, poll_s: float,
+                 now: Callable[[], float]) -> None:
+        if not poll_s > 0:
+            raise ValueError(f"watch poll interval {poll_s} s is not positive")
+        super().__init__(prefixes, on_close=self._leave)
+        self._store = store
+        self._poll_s = poll_s
+        self._now = now
+        with store.lock:  # the snapshot and the subscription at one moment
+            store.expire(now())
+            self.push([Snapshot(p, {k: v for k, (v, _) in store.data.items()
+                                    if k.startswith(p)}) for p in self.prefixes])
+            store.watchers.append(self)
+
+    def _leave(self) -> None:
+        with self._store.lock:
+            if self in self._store.watchers:
+                self._store.watchers.remove(self)
+
+    def wait(self, timeout_s: float) -> list[Change]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            with self._store.lock:  # expiries are found lazily: look for them
+                self._store.expire(self._now())
+            left = deadline - time.monotonic()
+            changes = super().wait(max(0.0, min(left, self._poll_s)))
+            if changes or self.closed or time.monotonic() >= deadline:
+                return changes
 
 
 @register_backend("memory")
