@@ -1,24 +1,31 @@
 """Root of the command line: global options, command families, errors → exit codes.
 
-Every command module exposes a Typer sub-app (or a function) registered in
-:func:`build_app`. Errors raised by the library are :class:`~kvctl.errors.KvctlError`;
+Every command module exposes a Typer sub-app (or a function) listed in :data:`FAMILIES`;
+a module is imported only when its command runs, so start-up and shell completion stay
+fast. Errors raised by the library are :class:`~kvctl.errors.KvctlError`;
 :func:`main` turns them into ``Error:``/``Hint:`` lines and an exit code. Tracebacks are
 shown only with ``KVCTL_DEBUG=1``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 import logging
 import os
 import sys
 import traceback
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from kvctl import __version__
 from kvctl.argv import normalise
+from kvctl.clihelp import polish
 from kvctl.commands._common import GlobalOptions
 from kvctl.config import read_config_file
 from kvctl.errors import ExitCode, KvctlError, UsageError
@@ -72,57 +79,168 @@ def _root(
         read_config_file(config_file)
 
 
-def build_app() -> typer.Typer:
-    """Assemble the root app from the command modules."""
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A top-level command, imported only when it is used (or its help is shown)."""
+
+    module: str
+    attr: str
+    #: The first line of its help, for ``kvctl --help`` and ``kvctl <Tab>`` without importing
+    #: the module (tests/test_cli.py checks it matches the module's own help).
+    summary: str
+
+
+#: Every top-level command, in the order ``kvctl --help`` lists them.
+FAMILIES: dict[str, Family] = {
+    "runbook": Family("kvctl.commands.runbook", "runbook",
+                      "Validate a host, a fabric and a cache in one run; exit 1 if any check "
+                      "failed."),
+    "agent": Family("kvctl.commands.agent", "agent",
+                    "Register this host in the cluster and serve the jobs kvctl cluster posts."),
+    "help": Family("kvctl.commands.help", "help_command",
+                   "Read a manual page: what a command family or concept is for, its commands, "
+                   "options, environment, exit status and examples. 'kvctl help' lists the "
+                   "topics."),
+    "topo": Family("kvctl.commands.topo", "app",
+                   "GPU-NIC PCIe affinity: which NIC serves which GPU, and what is "
+                   "misconfigured."),
+    "metadata": Family("kvctl.commands.metadata", "app",
+                       "kvctl's metadata server, and what is published in a metadata service."),
+    "sim": Family("kvctl.commands.sim", "app", "Simulators: what a shared KV pool saves."),
+    "plan": Family("kvctl.commands.plan", "app", "Planners: back-of-the-envelope answers."),
+    "verify-keys": Family("kvctl.commands.verify_keys", "app",
+                          "Check that every instance names KV blocks with the same keys."),
+    "segment": Family("kvctl.commands.segment", "app",
+                      "Transfer-engine segments: register and serve, list, show, remove."),
+    "store": Family("kvctl.commands.store", "app",
+                    "The embedded KV store: serve it, put/get objects, validate it."),
+    "doctor": Family("kvctl.commands.doctor", "app",
+                     "Environment checks: drivers, devices, engines, servers."),
+    "bench": Family("kvctl.commands.bench", "app",
+                    "Benchmarks: fabric throughput, latency and integrity."),
+    "cluster": Family("kvctl.commands.cluster", "app",
+                      "The whole cluster through its agents: hosts, fabric matrix, runbook."),
+}
+
+
+def _family_app(name: str) -> typer.Typer:
+    """A root holding family ``name`` alone, so it builds exactly as under the full root."""
+    family = FAMILIES[name]
+    target = getattr(importlib.import_module(family.module), family.attr)
+    holder = typer.Typer(add_completion=False)
+    if isinstance(target, typer.Typer):
+        holder.add_typer(target, name=name)
+    else:
+        holder.command(name)(target)
+    holder.callback()(lambda: None)  # keeps the holder a group even with one command
+    return holder
+
+
+def load_family(name: str) -> Any:
+    """The built (click) command of family ``name``, help polished."""
+    command = typer.main.get_command(_family_app(name)).commands[name]  # type: ignore[attr-defined]
+    return polish(command, name)
+
+
+class _Families(MutableMapping[str, Any]):
+    """The root's command table: names known up front, each command built on first use.
+
+    While the root prints its own help (or completes a command name), entries are stand-ins
+    carrying only the summary, so ``kvctl --help`` imports no command module.
+    """
+
+    def __init__(self) -> None:
+        self._built: dict[str, Any] = {}
+        self.listing = False
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in FAMILIES:
+            raise KeyError(name)
+        if name in self._built:
+            return self._built[name]
+        if self.listing:
+            return TyperCommand(name=name, help=FAMILIES[name].summary, callback=None)
+        self._built[name] = command = load_family(name)
+        return command
+
+    def __setitem__(self, name: str, command: Any) -> None:
+        raise TypeError("kvctl's families are listed in kvctl.cli.FAMILIES")
+
+    def __delitem__(self, name: str) -> None:
+        raise TypeError("kvctl's families are listed in kvctl.cli.FAMILIES")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(FAMILIES)
+
+    def __len__(self) -> int:
+        return len(FAMILIES)
+
+
+class _Root(TyperGroup):
+    """The root group, with :class:`_Families` as its command table."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self.commands = _Families()
+
+    def _listing(self, run: Callable[[], Any]) -> Any:
+        families = self.commands
+        assert isinstance(families, _Families)
+        families.listing = True
+        try:
+            return run()
+        finally:
+            families.listing = False
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing(lambda: super(_Root, self).format_help(ctx, formatter))
+
+    def shell_complete(self, ctx: Any, incomplete: str) -> Any:
+        return self._listing(lambda: super(_Root, self).shell_complete(ctx, incomplete))
+
+
+def _new_root(cls: type[TyperGroup] = TyperGroup) -> typer.Typer:
     app = typer.Typer(
         name="kvctl",
         help=_HELP,
+        cls=cls,
         no_args_is_help=True,
         add_completion=True,
         pretty_exceptions_enable=False,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
     app.callback()(_root)
-    _register_commands(app)
     return app
 
 
-def _register_commands(app: typer.Typer) -> None:
-    # One line per command family; each module owns its sub-app.
-    from kvctl.commands import metadata, plan, sim, topo
+def build_app() -> typer.Typer:
+    """The whole command tree as one Typer app, every module imported (for tests and tools).
 
-    app.add_typer(topo.app, name="topo")
-    app.add_typer(metadata.app, name="metadata")
-    app.add_typer(sim.app, name="sim")
-    app.add_typer(plan.app, name="plan")
-    from kvctl.commands import verify_keys
-
-    app.add_typer(verify_keys.app, name="verify-keys")
-    from kvctl.commands import segment
-
-    app.add_typer(segment.app, name="segment")
-    from kvctl.commands import store
-
-    app.add_typer(store.app, name="store")
-    from kvctl.commands import doctor
-
-    app.add_typer(doctor.app, name="doctor")
-    from kvctl.commands import runbook
-
-    app.command("runbook")(runbook.runbook)
-    from kvctl.commands import bench
-
-    app.add_typer(bench.app, name="bench")
-    from kvctl.commands import agent, cluster
-
-    app.add_typer(cluster.app, name="cluster")
-    app.command("agent")(agent.agent)
-    from kvctl.commands import help as help_topics
-
-    app.command("help")(help_topics.help_command)
+    ``kvctl`` itself runs :func:`command_tree`, which imports only the command it runs.
+    """
+    app = _new_root()
+    for name, family in FAMILIES.items():
+        target = getattr(importlib.import_module(family.module), family.attr)
+        if isinstance(target, typer.Typer):
+            app.add_typer(target, name=name)
+        else:
+            app.command(name)(target)
+    return app
 
 
-app = build_app()
+@functools.cache
+def command_tree() -> Any:
+    """The root command as the parser runs it: families load on first use."""
+    return polish(typer.main.get_command(_new_root(_Root)))
+
+
+def __getattr__(name: str) -> Any:
+    # ``kvctl.cli.app`` (the eager tree) is built on first access only: importing kvctl.cli
+    # for ``main`` must not import every command module.
+    if name == "app":
+        globals()["app"] = app = build_app()
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _usage_error_type() -> type[Exception]:
@@ -143,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("KVCTL_DEBUG", "") not in ("", "0")
     try:
         # One command tree serves both: placing global options and parsing.
-        tree = typer.main.get_command(app)
+        tree = command_tree()
         result = tree.main(args=normalise(tree, args), prog_name="kvctl",
                            standalone_mode=False)
     except KvctlError as err:

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 
@@ -52,10 +53,14 @@ def _app_raising(exc: BaseException) -> typer.Typer:
     return app
 
 
+def _patch_tree(monkeypatch: pytest.MonkeyPatch, app: typer.Typer) -> None:
+    monkeypatch.setattr(kvctl_module(), "command_tree", lambda: typer.main.get_command(app))
+
+
 def test_library_errors_map_to_error_hint_and_exit_code(
     kvctl, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kvctl_module(), "app", _app_raising(
+    _patch_tree(monkeypatch, _app_raising(
         UnavailableError("NVML unavailable: driver not loaded", "install the NVIDIA driver")))
     result = kvctl("boom")
     assert result.exit_code == 3
@@ -67,7 +72,7 @@ def test_library_errors_map_to_error_hint_and_exit_code(
 def test_unexpected_errors_hide_the_traceback_unless_debug(
     kvctl, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(kvctl_module(), "app", _app_raising(ZeroDivisionError("oops")))
+    _patch_tree(monkeypatch, _app_raising(ZeroDivisionError("oops")))
     result = kvctl("boom")
     assert result.exit_code == 4
     assert "Error: unexpected ZeroDivisionError: oops" in result.stderr
@@ -93,6 +98,8 @@ def test_every_command_has_an_example_in_its_help(kvctl) -> None:
         assert result.exit_code == 0, path
         if "Example" not in result.stdout:
             missing.append(" ".join(path))
+        python_types = re.findall(r"<(?:bool|str|int|float|path|list\[\w+\])>", result.stdout)
+        assert not python_types, (path, python_types)
     assert not missing, f"commands without an example in --help: {missing}"
 
 
