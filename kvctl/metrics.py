@@ -1,9 +1,10 @@
 """Prometheus metrics for kvctl's servers (``--metrics-port``), on the standard client.
 
-Each server owns a :class:`ServerMetrics` with its own registry (no process-global state):
-operations by name and outcome, latency histograms, bytes moved, and gauges read at scrape
-time (capacity, usage, entries). :meth:`ServerMetrics.serve` exposes them over HTTP on
-loopback unless told otherwise.
+Each server owns a :class:`ServerMetrics` with its own registry (no process-global state;
+servers in one process may share one, each under its own namespace): operations by name and
+outcome, latency histograms, long polls apart from them, payload bytes moved, and gauges read
+at scrape time (capacity, usage, entries). :meth:`ServerMetrics.serve` exposes them over
+HTTP. Every metric is documented, with its unit and labels, in ``docs/metrics.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ from kvctl.errors import UnavailableError, UsageError
 from kvctl.net.bind import LOOPBACK, announce_bind, is_loopback
 
 _log = logging.getLogger("kvctl.metrics")
+
+#: Outcome of an operation that succeeded (no lookup involved).
+OK = "ok"
+#: Outcome of a lookup (a get) that found what it asked for.
+HIT = "hit"
+#: Outcome of a lookup that found nothing: the key was never there, or was removed.
+MISS = "miss"
+#: Outcome of a lookup of a key the store dropped to make room (a miss with a known cause).
+EVICTED = "evicted"
 
 #: Latency buckets in seconds: 50 us .. 10 s, fine where KV operations live.
 LATENCY_BUCKETS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
@@ -42,34 +52,54 @@ class ServerMetrics:
 
     Args:
         namespace: metric name prefix, e.g. ``kvctl_store`` or ``kvctl_metadata``.
+        share: export through this one's registry and endpoint (two servers in one
+            process, e.g. the master and node of ``kvctl store serve``); its own
+            :meth:`serve` and :meth:`close` are then not used.
     """
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, *, share: ServerMetrics | None = None) -> None:
         prom = _client()
         self.namespace = namespace
-        self.registry = prom.CollectorRegistry(auto_describe=True)
+        self.registry: Any = (share.registry if share is not None
+                              else prom.CollectorRegistry(auto_describe=True))
         self._prom = prom
         self.operations = prom.Counter(
-            "operations", "Operations served, by operation and outcome (ok or error code).",
+            "operations", "Operations served, by operation and outcome (ok; hit, miss or "
+            "evicted for lookups; else an error code).",
             ["op", "outcome"], namespace=namespace, registry=self.registry)
         self.latency = prom.Histogram(
-            "operation_latency_seconds", "Time to serve one operation, in seconds.",
+            "operation_latency_seconds", "Time to serve one operation, in seconds (long "
+            "polls are in long_poll_seconds instead).",
+            ["op"], namespace=namespace, registry=self.registry, buckets=LATENCY_BUCKETS_S)
+        self.polls = prom.Histogram(
+            "long_poll_seconds", "Time a long poll (a request that waits for work, such as "
+            "a storage node's heartbeat) was held, in seconds.",
             ["op"], namespace=namespace, registry=self.registry, buckets=LATENCY_BUCKETS_S)
         self.bytes = prom.Counter(
-            "bytes", "Payload bytes moved, by operation and direction (in or out).",
+            "bytes", "Payload bytes (object or value bytes, not protocol messages) moved, "
+            "by operation and direction (in: to the server, out: from it).",
             ["op", "direction"], namespace=namespace, registry=self.registry)
-        self.errors = prom.Counter(
-            "errors", "Errors, by kind.", ["kind"], namespace=namespace, registry=self.registry)
         self._gauges: dict[str, Any] = {}
         self._counters: dict[str, Any] = {}
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
-    def record(self, op: str, seconds: float, outcome: str = "ok", *, bytes_in: int = 0,
+    def record(self, op: str, seconds: float, outcome: str = OK, *, bytes_in: int = 0,
                bytes_out: int = 0) -> None:
-        """Count one operation that took ``seconds`` and ended with ``outcome``."""
+        """Count one operation that took ``seconds`` and ended with ``outcome``, having
+        moved ``bytes_in``/``bytes_out`` payload bytes."""
         self.operations.labels(op, outcome).inc()
         self.latency.labels(op).observe(seconds)
+        self.count_bytes(op, bytes_in=bytes_in, bytes_out=bytes_out)
+
+    def record_poll(self, op: str, seconds: float, outcome: str = OK) -> None:
+        """Count one long poll held ``seconds``: its wait is the client's choice, not
+        service time, so it stays out of ``operation_latency_seconds``."""
+        self.operations.labels(op, outcome).inc()
+        self.polls.labels(op).observe(seconds)
+
+    def count_bytes(self, op: str, *, bytes_in: int = 0, bytes_out: int = 0) -> None:
+        """Add payload bytes moved by ``op`` (without counting an operation)."""
         if bytes_in:
             self.bytes.labels(op, "in").inc(bytes_in)
         if bytes_out:
@@ -120,6 +150,18 @@ class ServerMetrics:
 
         self.registry.register(_Collector())
 
+    def names(self) -> frozenset[str]:
+        """Every sample name this registry exports (``_total``, ``_bucket``... included),
+        labelled series with no sample yet too: what a dashboard's queries may name."""
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
+                    "summary": ("_count", "_sum")}
+        found: set[str] = set()
+        for family in self.registry.collect():
+            found.update(family.name + s for s in suffixes.get(family.type, ("",)))
+            found.update(sample.name for sample in family.samples
+                         if not sample.name.endswith("_created"))
+        return frozenset(found)
+
     @property
     def families(self) -> Any:
         """``prometheus_client.core``'s metric family classes, for :meth:`add_collector`."""
@@ -156,6 +198,13 @@ class ServerMetrics:
         bound = int(server.server_address[1])
         announce_bind("metrics endpoint", host, bound)
         return bound
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        """``(host, port)`` the endpoint is bound to, while it is served."""
+        server = self._server
+        return None if server is None else (str(server.server_address[0]),
+                                            int(server.server_address[1]))
 
     def close(self) -> None:
         """Stop the metrics endpoint. Safe to call twice."""

@@ -21,7 +21,7 @@ from typing import Any, Self
 from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.spec import parse_location
 from kvctl.errors import ExitCode, KvctlError
-from kvctl.net.advertise import check_reachable, host_of, warn_unresolvable
+from kvctl.net.advertise import check_reachable, host_of, join_host_port, warn_unresolvable
 from kvctl.net.bind import parse_listen
 
 _log = logging.getLogger("kvctl.bench")
@@ -45,6 +45,9 @@ class TargetSpec:
         advertise: hosts (or ``HOST:PORT``) peers reach this target at; empty: the listen
             address, or this host's interface addresses when it is ``0.0.0.0``/``::``.
         nics / gid_index: RDMA NIC pins and RoCE GID index (``--nic``, ``--gid-index``).
+        metrics_port: serve the target's Prometheus metrics (``kvctl_target_*``: READs and
+            WRITEs served, latency, payload bytes) on this port of the listen host, loopback
+            only with a token (0: any free port); ``None``: none.
     """
 
     region_bytes: int
@@ -56,6 +59,7 @@ class TargetSpec:
     advertise: tuple[str, ...] = ()
     nics: tuple[str, ...] = ()
     gid_index: int | None = None
+    metrics_port: int | None = None
 
 
 def rdma_options(nics: tuple[str, ...], gid_index: int | None, timeout_s: float = 30.0
@@ -78,12 +82,14 @@ class TargetInfo:
         segment: the segment's name.
         address: the engine's data address (``host:port``).
         peer: what an initiator passes as ``--peer`` (address without a metadata URL).
+        metrics: the target's metrics URL, when it serves one.
     """
 
     metadata_url: str
     segment: str
     address: str
     peer: str
+    metrics: str | None = None
 
 
 class BenchTarget:
@@ -93,6 +99,7 @@ class BenchTarget:
         self.spec = spec
         self._server: Any = None
         self._engine: Any = None
+        self._metrics: Any = None
         self.info: TargetInfo | None = None
 
     def start(self) -> TargetInfo:
@@ -127,7 +134,8 @@ class BenchTarget:
                                           metadata=own_url, listen=listen,
                                           token=spec.token,
                                           advertise=[host_of(a) for a in spec.advertise],
-                                          rdma=rdma_options(spec.nics, spec.gid_index))
+                                          rdma=rdma_options(spec.nics, spec.gid_index),
+                                          metrics=self._serve_metrics(host))
             if location.kind == "file":
                 self._engine.register_segment(spec.segment, spec.region_bytes, kind="file",
                                               path=location.path)
@@ -143,19 +151,35 @@ class BenchTarget:
         address = self._engine.advertised[0]
         peer = (self._server.url.removeprefix("http://") if self._server is not None
                 else spec.segment)
-        self.info = TargetInfo(metadata_url, spec.segment, address, peer)
+        bound = self._metrics.address if self._metrics is not None else None
+        self.info = TargetInfo(metadata_url, spec.segment, address, peer,
+                               metrics=f"http://{join_host_port(*bound)}/metrics"
+                               if bound is not None else None)
         _log.info("bench target serving %s (%d bytes) at %s, metadata %s", spec.segment,
                   spec.region_bytes, address, metadata_url)
         return self.info
+
+    def _serve_metrics(self, host: str) -> Any:
+        """The target's metrics, served per ``spec.metrics_port`` (``None``: not asked)."""
+        if self.spec.metrics_port is None:
+            return None
+        from kvctl.metrics import ServerMetrics
+
+        self._metrics = ServerMetrics("kvctl_target")
+        self._metrics.serve_for(host, self.spec.metrics_port, token=self.spec.token)
+        return self._metrics
 
     def close(self) -> None:
         """Withdraw the segment and stop serving. Safe to call twice."""
         engine, self._engine = self._engine, None
         server, self._server = self._server, None
+        metrics, self._metrics = self._metrics, None
         if engine is not None:
             engine.close()
         if server is not None:
             server.stop()
+        if metrics is not None:
+            metrics.close()
 
     def __enter__(self) -> Self:
         self.start()

@@ -281,7 +281,7 @@ def _serve_target(out: Output, settings: BenchSettings, region_bytes: int,
                              "host": t.host, "session": t.session or None,
                              "agent": t.agent or None} for t in info.foreign],
                 "skipped": [dataclasses.asdict(s) for s in info.skipped],
-                "initiator": command})
+                "initiator": command, "metrics": info.metrics})
         if info.address is not None:
             out.info(f"Serving segment {info.segment} ({format_size(region_bytes)}) at "
                      f"{info.address}; metadata {info.metadata_url}")
@@ -292,6 +292,8 @@ def _serve_target(out: Output, settings: BenchSettings, region_bytes: int,
         for skip in info.skipped:
             what = skip.engine + (f" over {skip.transport}" if skip.transport else "")
             out.info(f"Not serving {what}: {skip.reason}")
+        if info.metrics is not None:
+            out.info(f"metrics on {info.metrics}")
         out.info(f"On the initiator: {command}")
         try:
             stop.wait(serve_for_s)

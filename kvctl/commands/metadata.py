@@ -69,7 +69,6 @@ def serve(
     with stop_on_signal() as stop:
         try:
             if metrics is not None and settings.metrics_port is not None:
-                metrics.gauge("entries", "Live entries held by the server.", server.entry_count)
                 where, bound = metrics.serve_for(host, settings.metrics_port,
                                                  token=common.token)
                 out.info(f"metrics on http://{where}:{bound}/metrics")

@@ -39,6 +39,7 @@ from kvctl.net.limits import PendingLimit, accept
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterCore
+from kvctl.store.metrics import count_request
 from kvctl.store.tenants import Tenant, check_admin_token, identify, outside
 
 if TYPE_CHECKING:
@@ -275,9 +276,7 @@ class MasterServer:
                         isinstance(msg, p.Commit | p.PutAt) and not msg.ack):
                     reply = None  # these never get a reply: one now would shift every later one
             if self.metrics is not None:
-                outcome = reply.error.code if isinstance(reply, p.Fail) else "ok"
-                self.metrics.record(_op_name(msg), time.perf_counter() - started,
-                                    outcome, bytes_in=len(frame.payload))
+                count_request(self.metrics, msg, reply, time.perf_counter() - started)
             # Tenants get no attached bytes: their tokens do not open the nodes' data path
             # either, and the lease protecting a range while it is sent is theirs to end.
             if isinstance(reply, p.GetReply) and isinstance(msg, p.Get) and \
@@ -456,15 +455,6 @@ class MasterServer:
 #: Requests whose reply (or, for commits and reports, the next request on the connection)
 #: waits until their changes are durable.
 _WRITES = (p.Put, p.Commit, p.PutAt, p.Remove, p.Pin, p.RegisterNode, p.DropNode)
-
-
-def _op_name(msg: p.Request) -> str:
-    """The operation a request counts as in metrics: puts a client placed in its reservation
-    count as puts (the master takes them then), the reservation's own messages as
-    ``reserve``."""
-    if isinstance(msg, p.PutAt):
-        return "put" if msg.keys else "reserve"
-    return type(msg).__name__.lower()
 
 
 def _forbidden(cause: str) -> p.Fail:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from kvctl.errors import KvctlError, UsageError
 from kvctl.net.advertise import advertised_addresses, default_listen
@@ -66,6 +66,9 @@ from kvctl.transfer.transports import rdma as rdma_mod
 from kvctl.transfer.transports.base import Item, RemoteSegment, Transport
 from kvctl.transfer.transports.shm import ShmTransport
 from kvctl.transfer.transports.tcp import DEFAULT_SPIN_S, TcpTransport
+
+if TYPE_CHECKING:
+    from kvctl.metrics import ServerMetrics
 
 _log = logging.getLogger("kvctl.transfer")
 #: Unread notifications kept, by count and by bytes (the oldest go first beyond).
@@ -155,6 +158,7 @@ class TransferEngine:
         max_frame_bytes: largest frame the target server accepts.
         spin_s: how long a calling thread polls for a tcp target's reply before it sleeps
             (see :class:`~kvctl.net.framing.Poller`); 0 never polls.
+        metrics: where the target server counts the READs and WRITEs it serves.
     """
 
     def __init__(
@@ -178,8 +182,10 @@ class TransferEngine:
         on_notification: Callable[[Notification], None] | None = None,
         max_frame_bytes: int = protocol.DEFAULT_MAX_FRAME_BYTES,
         spin_s: float = DEFAULT_SPIN_S,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.name = validate_name(name)
+        self.metrics = metrics
         if transport not in TRANSPORTS:
             raise UsageError(f"unknown transport {transport!r}",
                              f"known transports: {', '.join(TRANSPORTS)}")
@@ -383,7 +389,8 @@ class TransferEngine:
                     host, port = self._listen
                     self._server = TargetServer(
                         self._by_id.get, self._deliver, host=host, port=port,
-                        token=self._token, max_frame_bytes=self._max_frame_bytes)
+                        token=self._token, max_frame_bytes=self._max_frame_bytes,
+                        metrics=self.metrics)
                 seg_id = self._next_id
                 self._next_id += 1
                 offered = ["tcp"]

@@ -18,8 +18,9 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from kvctl.errors import KvctlError, UnavailableError
 from kvctl.net import auth
@@ -35,6 +36,9 @@ from kvctl.net.limits import PendingLimit, accept
 from kvctl.transfer import protocol as p
 from kvctl.transfer.errors import OutOfRangeError
 from kvctl.transfer.segments import LocalBuffer, LocalSegment, find_buffer, landing_views
+
+if TYPE_CHECKING:
+    from kvctl.metrics import ServerMetrics
 
 _log = logging.getLogger("kvctl.transfer.server")
 
@@ -65,13 +69,17 @@ class TargetServer:
         host, port: where to listen (loopback and any free port by default).
         token: shared secret; when set, clients must answer the HMAC challenge.
         max_frame_bytes: largest payload one frame may carry or request.
+        metrics: where to count READs and WRITEs, their latency and payload bytes (ops
+            ``read``/``write``; outcome ``ok`` or the refusal's status), or ``None``.
     """
 
     def __init__(self, lookup: Callable[[int], LocalSegment | None],
                  on_notify: Callable[[str, bytes], None], *, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None,
-                 max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
+                 metrics: ServerMetrics | None = None) -> None:
         self._lookup = lookup
+        self.metrics = metrics
         self._on_notify = on_notify
         self._token = token
         self.max_frame_bytes = max_frame_bytes
@@ -207,12 +215,20 @@ class TargetServer:
                     entries = bytearray(need)
                 recv_exact_into(conn, memoryview(entries)[:need])
                 parsed = list(p.ENTRY.iter_unpack(memoryview(entries)[:need]))
+                started = time.perf_counter()
                 if ftype == p.FrameType.READ:
                     if payload:
                         raise FrameError("READ frame carries a payload", None)
-                    self._read(conn, tag, parsed)
+                    status = self._read(conn, tag, parsed)
                 else:
-                    self._write(conn, tag, parsed, payload)
+                    status = self._write(conn, tag, parsed, payload)
+                if self.metrics is not None:
+                    moved = sum(length for _, _, length in parsed) if status == 0 else 0
+                    write = ftype == p.FrameType.WRITE
+                    self.metrics.record("write" if write else "read",
+                                        time.perf_counter() - started, status.name.lower(),
+                                        bytes_in=moved if write else 0,
+                                        bytes_out=0 if write else moved)
             elif ftype == p.FrameType.NOTIFY:
                 if count or payload > p.MAX_NOTIFY_BYTES or payload < _U16.size:
                     raise FrameError(f"bad NOTIFY frame ({count} entries, {payload} bytes)", None)
@@ -279,7 +295,8 @@ class TargetServer:
             total += length
         return out, total
 
-    def _read(self, conn: socket.socket, tag: int, parsed: list[tuple[int, int, int]]) -> None:
+    def _read(self, conn: socket.socket, tag: int, parsed: list[tuple[int, int, int]]
+              ) -> p.WireStatus:
         held: dict[int, LocalSegment] = {}
         try:
             try:
@@ -301,18 +318,19 @@ class TargetServer:
                         views.append(scratch)
             except _RejectError as rej:
                 self._reply(conn, tag, rej.status, rej.index, rej.message)
-                return
+                return rej.status
             except OSError as exc:
                 self._reply(conn, tag, p.WireStatus.INTERNAL, p.NO_INDEX,
                             f"target I/O error: {os.strerror(exc.errno or 0)}")
-                return
+                return p.WireStatus.INTERNAL
             send_views(conn, views)
+            return p.WireStatus.OK
         finally:
             for seg in held.values():
                 seg.release()
 
     def _write(self, conn: socket.socket, tag: int, parsed: list[tuple[int, int, int]],
-               payload: int) -> None:
+               payload: int) -> p.WireStatus:
         total = sum(length for _, _, length in parsed)
         if total != payload:
             raise FrameError(f"WRITE payload {payload} bytes != sum of entry lengths {total}",
@@ -324,7 +342,7 @@ class TargetServer:
             except _RejectError as rej:
                 discard(conn, payload)
                 self._reply(conn, tag, rej.status, rej.index, rej.message)
-                return
+                return rej.status
             views, staged = landing_views(targets)
             recv_into_views(conn, views)
             try:
@@ -333,8 +351,9 @@ class TargetServer:
             except OSError as exc:
                 self._reply(conn, tag, p.WireStatus.INTERNAL, p.NO_INDEX,
                             f"target I/O error: {os.strerror(exc.errno or 0)}")
-                return
+                return p.WireStatus.INTERNAL
             self._reply(conn, tag, p.WireStatus.OK)
+            return p.WireStatus.OK
         finally:
             for seg in held.values():
                 seg.release()

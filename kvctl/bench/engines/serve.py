@@ -58,6 +58,7 @@ class ServedTargets:
         address: kvctl's engine's data address, ``None`` when it is not served.
         foreign: the foreign targets, one per engine and transport.
         skipped: engines or transports not served, and why.
+        metrics: kvctl's target's metrics URL, when it serves one (``--metrics-port``).
     """
 
     metadata_url: str
@@ -66,6 +67,7 @@ class ServedTargets:
     address: str | None
     foreign: tuple[ForeignTarget, ...]
     skipped: tuple[Skipped, ...]
+    metrics: str | None = None
 
     @property
     def engines(self) -> tuple[str, ...]:
@@ -123,10 +125,11 @@ class TargetSet:
 
         spec = self.spec
         address: str | None = None
+        metrics: str | None = None
         if "kvctl" in self.engines:
             self._kvctl = BenchTarget(spec)
             info = self._kvctl.start()
-            url, peer, address = info.metadata_url, info.peer, info.address
+            url, peer, address, metrics = info.metadata_url, info.peer, info.address, info.metrics
         elif spec.metadata is None:
             host, port = parse_listen(spec.listen)
             self._server = MetadataServer(host, port, token=spec.token,
@@ -155,7 +158,8 @@ class TargetSet:
             raise UnavailableError(f"no engine can serve here: {reasons}",
                                    next((s.hint for s in skipped if s.hint), None))
         return ServedTargets(metadata_url=url, segment=spec.segment, peer=peer,
-                             address=address, foreign=tuple(served), skipped=tuple(skipped))
+                             address=address, foreign=tuple(served), skipped=tuple(skipped),
+                             metrics=metrics)
 
     def _serve(self, name: str, host: str, skipped: list[Skipped]) -> list[ForeignTarget]:
         """Spawn ``name``'s targets, one per transport it can serve; skips are recorded."""

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from kvctl import __version__
 from kvctl.errors import UsageError
+from kvctl.metrics import HIT, MISS, OK
 from kvctl.net.advertise import advertised_addresses, join_host_port
 from kvctl.net.auth import RequestVerifier
 from kvctl.net.bind import LOOPBACK, announce_bind, is_unspecified
@@ -176,20 +177,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         owner = self.server.owner
         started = time.perf_counter()
-        status, payload, body_bytes = self._answer(method, owner)
+        status, payload, body = self._answer(method, owner)
         if owner.metrics is not None:  # counted before replying: a client sees it counted
             op = self.path.split("?", 1)[0].removeprefix("/v1/")
-            outcome = "ok" if status == 200 else str(payload["error"])
+            outcome, bytes_in, bytes_out = _counted(op, status, payload, body)
             owner.metrics.record(op if op in _METRIC_OPS else "other",
-                                 time.perf_counter() - started, outcome, bytes_in=body_bytes)
+                                 time.perf_counter() - started, outcome, bytes_in=bytes_in,
+                                 bytes_out=bytes_out)
         self._reply(status, payload)
         if not self.close_connection and owner.verifier is None:
             # Without a token a connection proves nothing: between requests it is pending
             # again. With one, a connection that signed a request stays trusted.
             self.server.pending.admit(self.request)
 
-    def _answer(self, method: str, owner: MetadataServer) -> tuple[int, dict[str, Any], int]:
-        """Read, check and answer one request: HTTP status, reply payload, body size."""
+    def _answer(self, method: str, owner: MetadataServer
+                ) -> tuple[int, dict[str, Any], bytes]:
+        """Read, check and answer one request: HTTP status, reply payload, body."""
         body = b""
         try:
             body = self._read_body(method, owner.max_body_bytes)
@@ -199,11 +202,11 @@ class _Handler(BaseHTTPRequestHandler):
                     raise _RefusedError(401, "unauthorized",
                                       "missing, wrong, stale or replayed request signature")
             self.server.pending.trusted(self.request)
-            return 200, owner.dispatch(method, self.path, body), len(body)
+            return 200, owner.dispatch(method, self.path, body), body
         except _RefusedError as exc:
             if exc.status >= 500:
                 _log.warning("metadata server: %s %s failed: %s", method, self.path, exc.message)
-            return exc.status, {"error": exc.code, "message": exc.message}, len(body)
+            return exc.status, {"error": exc.code, "message": exc.message}, body
 
     def _read_body(self, method: str, limit: int) -> bytes:
         if self.headers.get("Transfer-Encoding"):
@@ -291,6 +294,8 @@ class MetadataServer:
         self.max_connections = max_connections
         self.verifier = RequestVerifier(token) if token else None
         self.metrics = metrics
+        if metrics is not None:
+            metrics.gauge("entries", "Live entries held by the server.", self.entry_count)
         self._store: MetadataClient | None = None
         self._listener: _Listener | None = None
         self._thread: threading.Thread | None = None
@@ -510,3 +515,26 @@ _ROUTES = {
 }
 #: Operation labels for metrics: the routes without their ``/v1/`` prefix, plus health.
 _METRIC_OPS = frozenset(r.removeprefix("/v1/") for r in _ROUTES) | {"health"}
+
+
+def _b64_size(text: object) -> int:
+    """Decoded size of base64 ``text`` (0 for anything else), without decoding it."""
+    if not isinstance(text, str):
+        return 0
+    return len(text) * 3 // 4 - len(text) + len(text.rstrip("="))
+
+
+def _counted(op: str, status: int, payload: dict[str, Any], body: bytes
+             ) -> tuple[str, int, int]:
+    """(outcome, payload bytes in, payload bytes out) of one answered request: a get is a
+    ``hit`` or a ``miss``; bytes are values' sizes (decoded), not the JSON around them."""
+    if status != 200:
+        return str(payload["error"]), 0, 0
+    if op == "get":
+        value = payload.get("value")
+        return (MISS, 0, 0) if value is None else (HIT, 0, _b64_size(value))
+    if op == "list":
+        return OK, 0, sum(_b64_size(v) for v in payload.get("entries", {}).values())
+    if op == "put":  # the value was checked as base64 when it was stored
+        return OK, _b64_size(json.loads(body).get("value")), 0
+    return OK, 0, 0
