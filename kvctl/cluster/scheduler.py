@@ -17,7 +17,7 @@ target on ``b``, so both directions of both links are crossed. Three plans:
 :func:`plan_figures` computes a plan's cost without building it (a 10,000-host tournament
 has 50 million pairs): rounds, wall time at a per-pair duration, and the load on the
 metadata service from the protocol in :mod:`kvctl.cluster.protocol` (keys alive at once,
-writes per pair and per second, lease renewals and polling reads per second).
+writes per pair and per second, lease renewals, reads and pushed watch events per second).
 """
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ KEYS_PER_PAIR = 4
 KEYS_PER_HOST = 2
 #: Seconds a target takes to come up (engine, segment, metadata server), an estimate.
 TARGET_START_S = 0.5
+#: Seconds from a write to its watcher acting on it, where the service pushes changes
+#: (etcd): a job posted to its agent's status seen by the client took 5 ms median, 15 ms
+#: p90 on namespaced hosts (``python -m tests.cluster.dispatch``); 10 ms per hop here.
+PUSH_S = 0.01
+#: Watch events one pair costs: each write reaches exactly one watcher (a job its agent,
+#: a status the client).
+EVENTS_PER_PAIR = WRITES_PER_PAIR
 
 Pair = tuple[str, str]
 
@@ -169,8 +176,9 @@ class PlanFigures:
         pairs_per_round: the most pairs in one round.
         rails: NIC rails measured per pair (each rail a bench of its own, concurrently).
         pair_duration_s: seconds one pair's bench takes (given).
-        round_overhead_s: coordination per round: two agent polls, two client polls and a
-            target start (:data:`TARGET_START_S`).
+        round_overhead_s: coordination per round: a target start (:data:`TARGET_START_S`)
+            and four hand-offs (job to agent, status to client, twice), each a push
+            (:data:`PUSH_S`) with watches, a poll interval without.
         wall_time_s: ``rounds x (pair_duration_s + round_overhead_s)``.
         metadata_keys_peak: keys alive at once: per host its record and liveness key, the
             cluster policy, and per running pair two jobs and two statuses.
@@ -178,9 +186,14 @@ class PlanFigures:
         writes_per_s: writes per second while a full round runs.
         lease_renewals_per_s: keepalives of every agent's and the client's lease (each renews
             three times per TTL).
-        reads_per_s: polling reads per second: every agent lists its jobs once per
-            ``agent_poll_s``; the client lists its statuses and the liveness keys once per
-            ``client_poll_s``.
+        reads_per_s: reads per second. With watches (etcd), the watch streams reopened
+            after :data:`~kvctl.transfer.metadata.etcd.WATCH_IDLE_S` of silence, at most
+            (``(hosts + 2) / 30``); without (file, http, Redis), polls: every agent lists
+            its jobs once per ``agent_poll_s``, the client its statuses and the liveness
+            keys once per ``client_poll_s``.
+        watch: whether the service pushes changes (watches) or is polled.
+        watch_streams: watch streams open at once (an agent's, the client's two).
+        events_per_s: changes the service pushes per second (0 when polled).
     """
 
     hosts: int
@@ -196,13 +209,21 @@ class PlanFigures:
     writes_per_s: float
     lease_renewals_per_s: float
     reads_per_s: float
+    watch: bool = True
+    watch_streams: int = 0
+    events_per_s: float = 0.0
 
 
 def plan_figures(hosts: int, *, pair_duration_s: float, mode: str = "rounds",
                  pairs: int | None = None, rails: int = 1, lease_ttl_s: float = 10.0,
-                 agent_poll_s: float = 0.5, client_poll_s: float = 0.2) -> PlanFigures:
+                 agent_poll_s: float = 0.5, client_poll_s: float = 0.2,
+                 watch: bool = True) -> PlanFigures:
     """The cost of planning ``hosts`` hosts (the numbers :func:`plan_schedule` would give,
     without building the plan).
+
+    Args:
+        watch: the service pushes changes (etcd); ``False``: agents and the client poll
+            (``file://``, kvctl's HTTP server, Redis).
 
     Raises:
         UsageError: fewer than 2 hosts, a mode other than sequential/rounds/auto, or a
@@ -229,7 +250,9 @@ def plan_figures(hosts: int, *, pair_duration_s: float, mode: str = "rounds",
     else:
         rounds = math.ceil(count / per_round)
     per_round = min(per_round, count)
-    overhead = 2 * agent_poll_s + 2 * client_poll_s + TARGET_START_S
+    from kvctl.transfer.metadata.etcd import WATCH_IDLE_S
+
+    overhead = TARGET_START_S + (4 * PUSH_S if watch else 2 * agent_poll_s + 2 * client_poll_s)
     step = pair_duration_s + overhead
     return PlanFigures(
         hosts=hosts, pairs=count, rounds=rounds, pairs_per_round=per_round, rails=rails,
@@ -239,5 +262,8 @@ def plan_figures(hosts: int, *, pair_duration_s: float, mode: str = "rounds",
         writes_per_pair=WRITES_PER_PAIR * rails,
         writes_per_s=per_round * rails * WRITES_PER_PAIR / step,
         lease_renewals_per_s=(hosts + 1) * 3 / lease_ttl_s,
-        reads_per_s=hosts / agent_poll_s + 2 / client_poll_s,
+        reads_per_s=((hosts + 2) / WATCH_IDLE_S if watch
+                     else hosts / agent_poll_s + 2 / client_poll_s),
+        watch=watch, watch_streams=hosts + 2 if watch else 0,
+        events_per_s=per_round * rails * EVENTS_PER_PAIR / step if watch else 0.0,
     )

@@ -533,6 +533,9 @@ def plan(
         "0.5s",
     client_poll: Annotated[str, typer.Option("--client-poll", help="Client's status poll.")]
         = "0.2s",
+    watch: Annotated[bool, typer.Option(
+        "--watch/--no-watch", help="The service pushes changes (etcd); --no-watch: agents "
+        "and client poll (file://, http://, redis://).")] = True,
     json_out: JsonOpt = False,
 ) -> None:
     """What a cluster bench costs at a size: rounds, wall time, metadata-service load.
@@ -551,7 +554,8 @@ def plan(
                             mode=schedule, pairs=pairs, rails=rails,
                             lease_ttl_s=parse_duration(ttl, what="--ttl"),
                             agent_poll_s=parse_duration(agent_poll, what="--agent-poll"),
-                            client_poll_s=parse_duration(client_poll, what="--client-poll"))
+                            client_poll_s=parse_duration(client_poll, what="--client-poll"),
+                            watch=watch)
                for n in hosts]
     if json_out:
         out.emit_json("cluster.plan", {"plans": figures})
@@ -560,17 +564,19 @@ def plan(
                   pad_edge=False)
     right: dict[str, Any] = {"justify": "right"}
     for col in ("hosts", "pairs", "rounds", "pairs/round", "wall time", "keys (peak)",
-                "writes/pair", "writes/s", "renewals/s", "reads/s"):
+                "writes/pair", "writes/s", "renewals/s", "reads/s", "watches", "events/s"):
         table.add_column(col, **right)
     for f in figures:
         table.add_row(f"{f.hosts:,}", f"{f.pairs:,}", f"{f.rounds:,}", f"{f.pairs_per_round:,}",
                       _duration(f.wall_time_s), f"{f.metadata_keys_peak:,}",
                       str(f.writes_per_pair), f"{f.writes_per_s:,.0f}",
-                      f"{f.lease_renewals_per_s:,.0f}", f"{f.reads_per_s:,.0f}")
+                      f"{f.lease_renewals_per_s:,.0f}", f"{f.reads_per_s:,.0f}",
+                      f"{f.watch_streams:,}", f"{f.events_per_s:,.0f}")
     _console(out).print(table)
     first = figures[0]
-    out.info(f"per round: {first.pair_duration_s:g} s per pair + {first.round_overhead_s:.1f} s "
-             "of coordination (two agent polls, two client polls, a target start)")
+    handoffs = "four pushed hand-offs" if first.watch else "two agent polls, two client polls"
+    out.info(f"per round: {first.pair_duration_s:g} s per pair + {first.round_overhead_s:.2f} s "
+             f"of coordination ({handoffs}, a target start)")
 
 
 def _duration(seconds: float) -> str:

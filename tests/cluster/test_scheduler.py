@@ -95,10 +95,24 @@ def test_the_figures_are_those_of_the_plan_itself(n: int, mode: str, k: int | No
     assert figures.wall_time_s == pytest.approx(len(plan.rounds) * (2.0 + figures.round_overhead_s))
 
 
-def test_the_planner_for_1000_and_10000_hosts() -> None:
-    """The figures docs/cluster.md quotes: 3 s per pair (the default sweep), TTL 10 s, agents
-    polling every 0.5 s, the client every 0.2 s."""
+def test_the_planner_with_watches_for_1000_and_10000_hosts() -> None:
+    """etcd pushes jobs and statuses: no polling reads, 4 hand-offs of 10 ms per round."""
     k = plan_figures(1000, pair_duration_s=3.0)
+    assert k.watch
+    assert k.round_overhead_s == pytest.approx(0.5 + 4 * 0.01)
+    assert k.wall_time_s == pytest.approx(999 * 3.54)  # 3,536 s: 59 min
+    assert k.reads_per_s == pytest.approx(1002 / 30)  # 33 stream reopens/s, at most
+    assert k.watch_streams == 1002
+    assert k.events_per_s == pytest.approx(k.writes_per_s) == pytest.approx(500 * 8 / 3.54)
+    m = plan_figures(10_000, pair_duration_s=3.0)
+    assert m.reads_per_s == pytest.approx(10_002 / 30)
+    assert m.events_per_s == pytest.approx(5000 * 8 / 3.54)  # 11,299 events/s
+
+
+def test_the_planner_for_1000_and_10000_hosts() -> None:
+    """Polled services (file, http, Redis): 3 s per pair (the default sweep), TTL 10 s,
+    agents polling every 0.5 s, the client every 0.2 s."""
+    k = plan_figures(1000, pair_duration_s=3.0, watch=False)
     assert (k.pairs, k.rounds, k.pairs_per_round) == (499_500, 999, 500)
     assert k.round_overhead_s == pytest.approx(1.9)
     assert k.wall_time_s == pytest.approx(999 * 4.9)  # 4,895 s: 1 h 22 min
@@ -108,14 +122,15 @@ def test_the_planner_for_1000_and_10000_hosts() -> None:
     assert k.lease_renewals_per_s == pytest.approx(1001 * 3 / 10)
     assert k.reads_per_s == pytest.approx(1000 / 0.5 + 2 / 0.2)  # 2,010 reads/s
 
-    m = plan_figures(10_000, pair_duration_s=3.0)
+    m = plan_figures(10_000, pair_duration_s=3.0, watch=False)
     assert (m.pairs, m.rounds, m.pairs_per_round) == (49_995_000, 9_999, 5_000)
     assert m.wall_time_s == pytest.approx(9_999 * 4.9)  # 48,995 s: 13.6 h
     assert m.metadata_keys_peak == 40_001
     assert m.writes_per_s == pytest.approx(5000 * 8 / 4.9)  # 8,163 writes/s
     assert m.reads_per_s == pytest.approx(20_010)
 
-    sample = plan_figures(10_000, pair_duration_s=3.0, pairs=50_000)  # 10 pairs per host
+    sample = plan_figures(10_000, pair_duration_s=3.0, pairs=50_000,
+                          watch=False)  # 10 pairs per host
     assert sample.rounds == 10
     assert sample.wall_time_s == pytest.approx(49.0)
 

@@ -1,0 +1,93 @@
+"""Job dispatch latency on namespaced hosts: etcd on host 1, ``kvctl agent`` on host 2, a
+client on host 1 posting small jobs one at a time.
+
+``python -m tests.cluster.dispatch [--jobs N] [--poll 0.5s] [--code DIR]`` prints, as JSON,
+per job: ``round_trip_ms`` (the client posts a ``keys`` job until it sees the agent's
+``done`` status) and ``status_ms`` (post until the agent wrote that status: pickup plus the
+small job itself, on the hosts' shared clock). ``--code DIR`` runs the agent and the client
+from another checkout (``git worktree add DIR COMMIT``), to compare with the code before
+watches. Needs root, iproute2 and etcd, as the tests do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tests.cluster.nscluster import NsCluster
+from tests.fixtures.hosts import read_json_doc
+from tests.fixtures.nshosts import HostNet
+
+CLIENT = r"""
+import json, sys, time
+from kvctl.cluster.coordinator import Coordinator
+from kvctl.cluster.protocol import KEYS, ClusterKeys, KeysParams
+from kvctl.cluster.runbook import builtin_prompts
+from kvctl.transfer.metadata import open_metadata
+
+url, host, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = []
+params = KeysParams(profile="kvctl:sha256", prompts_jsonl=builtin_prompts())
+with open_metadata(url) as client, Coordinator(client, ClusterKeys(), token=None) as c:
+    for i in range(count):
+        posted = time.time()
+        ref = c.submit(host, KEYS, params, hold_s=30)
+        c.wait([ref], timeout_s=30)
+        seen = time.time()
+        ok = ref.status is not None and ref.status.state == "done"
+        rows.append({"ok": ok, "round_trip_ms": (seen - posted) * 1e3,
+                     "status_ms": ((ref.status.updated_at - posted) * 1e3) if ok else None})
+        c.cancel([ref])
+        time.sleep(0.05 + (i % 7) * 0.037)  # post at every phase of a poll
+print(json.dumps(rows))
+"""
+
+
+def measure(count: int, poll: str, code: Path | None) -> dict[str, Any]:
+    """Run the measurement on two fresh namespaced hosts."""
+    env = {"PYTHONPATH": str(code)} if code is not None else {}
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp, HostNet(2, Path(tmp)) as net:
+        cluster = NsCluster(net, agents=[])
+        try:
+            agent = net[1].popen(["kvctl", "agent", "--metadata", cluster.url, "--ttl", "3s",
+                                  "--poll", poll, "--json"], env=env)
+            read_json_doc(agent, timeout_s=60)
+            cluster.agents[(1, "")] = agent
+            done = net[0].run(["python3", "-c", CLIENT, cluster.url, net[1].name,
+                               str(count)], env=env, timeout=600)
+        finally:
+            cluster.close()
+    if done.returncode != 0:
+        raise SystemExit(f"client failed: {done.stderr[-3000:]}")
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    trips = [r["round_trip_ms"] for r in rows if r["ok"]]
+    status = [r["status_ms"] for r in rows if r["ok"]]
+
+    def summary(values: list[float]) -> dict[str, float]:
+        ordered = sorted(values)
+        return {"median": round(statistics.median(ordered), 1),
+                "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 1),
+                "max": round(ordered[-1], 1)}
+
+    return {"jobs": len(rows), "ok": len(trips), "agent_poll": poll,
+            "code": str(code) if code else "this checkout",
+            "round_trip_ms": summary(trips), "status_ms": summary(status)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster.dispatch")
+    parser.add_argument("--jobs", type=int, default=40)
+    parser.add_argument("--poll", default="0.5s", help="the agent's --poll")
+    parser.add_argument("--code", type=Path, default=None, help="another checkout to run")
+    args = parser.parse_args(argv)
+    sys.stdout.write(json.dumps(measure(args.jobs, args.poll, args.code), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
