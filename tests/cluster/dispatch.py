@@ -48,32 +48,47 @@ print(json.dumps(rows))
 """
 
 
+def start_agent(cluster: NsCluster, index: int, poll: str,
+                env: dict[str, str] | None = None) -> None:
+    """An agent on host ``index`` polling (where it must) every ``poll``; waits until it
+    has registered."""
+    agent = cluster.net[index].popen(["kvctl", "agent", "--metadata", cluster.url, "--ttl",
+                                      "10s", "--poll", poll, "--json"], env=env)
+    cluster.agents[(index, "")] = agent
+    read_json_doc(agent, timeout_s=60)
+
+
+def post_jobs(cluster: NsCluster, client: int, agent: int, count: int,
+              env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """``count`` keys jobs from host ``client`` to host ``agent``'s agent, one at a time."""
+    done = cluster.net[client].run(["python3", "-c", CLIENT, cluster.url,
+                                    cluster.net[agent].name, str(count)], env=env, timeout=600)
+    if done.returncode != 0:
+        raise AssertionError(f"client failed: {done.stderr[-3000:]}")
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    return rows
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, p90 and max, in the unit given, to 0.1."""
+    ordered = sorted(values)
+    return {"median": round(statistics.median(ordered), 1),
+            "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 1),
+            "max": round(ordered[-1], 1)}
+
+
 def measure(count: int, poll: str, code: Path | None) -> dict[str, Any]:
     """Run the measurement on two fresh namespaced hosts."""
-    env = {"PYTHONPATH": str(code)} if code is not None else {}
+    env = {"PYTHONPATH": str(code)} if code is not None else None
     with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp, HostNet(2, Path(tmp)) as net:
         cluster = NsCluster(net, agents=[])
         try:
-            agent = net[1].popen(["kvctl", "agent", "--metadata", cluster.url, "--ttl", "3s",
-                                  "--poll", poll, "--json"], env=env)
-            read_json_doc(agent, timeout_s=60)
-            cluster.agents[(1, "")] = agent
-            done = net[0].run(["python3", "-c", CLIENT, cluster.url, net[1].name,
-                               str(count)], env=env, timeout=600)
+            start_agent(cluster, 1, poll, env)
+            rows = post_jobs(cluster, 0, 1, count, env)
         finally:
             cluster.close()
-    if done.returncode != 0:
-        raise SystemExit(f"client failed: {done.stderr[-3000:]}")
-    rows: list[dict[str, Any]] = json.loads(done.stdout)
     trips = [r["round_trip_ms"] for r in rows if r["ok"]]
     status = [r["status_ms"] for r in rows if r["ok"]]
-
-    def summary(values: list[float]) -> dict[str, float]:
-        ordered = sorted(values)
-        return {"median": round(statistics.median(ordered), 1),
-                "p90": round(ordered[int(0.9 * (len(ordered) - 1))], 1),
-                "max": round(ordered[-1], 1)}
-
     return {"jobs": len(rows), "ok": len(trips), "agent_poll": poll,
             "code": str(code) if code else "this checkout",
             "round_trip_ms": summary(trips), "status_ms": summary(status)}
