@@ -55,6 +55,9 @@ def parse_size(text: str | int, *, what: str = "size") -> int:
             raise UsageError(f"{what} {text} is negative", "give a size of 0 bytes or more")
         return text
     match = _SIZE_RE.match(text)
+    if match is None and text.strip().startswith("-") and _SIZE_RE.match(text.strip()[1:]):
+        raise UsageError(f"{what} {text.strip()!r} is negative",
+                         "give a size of 0 bytes or more, e.g. 4KiB")
     if match is None:
         raise UsageError(
             f"{what} {text!r} is not a size",
@@ -79,8 +82,14 @@ def parse_size_list(text: str, *, what: str = "size") -> list[int]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             raise UsageError(f"{what} list {text!r} has an empty entry", "remove the stray comma")
+        if part.startswith("-"):
+            raise UsageError(f"{what} {part!r} is negative",
+                             "give sizes of 0 bytes or more, e.g. 4KiB or a range 4KiB-4MiB")
         if "-" in part:
             lo_text, _, hi_text = part.partition("-")
+            if not hi_text.strip():
+                raise UsageError(f"{what} range {part!r} has no upper end",
+                                 "write LOW-HIGH, e.g. 4KiB-4MiB")
             lo, hi = parse_size(lo_text, what=what), parse_size(hi_text, what=what)
             if lo <= 0 or lo > hi:
                 raise UsageError(

@@ -53,6 +53,7 @@ from kvctl.cluster.protocol import (
 from kvctl.cluster.registry import HostEntry
 from kvctl.errors import KvctlError, UsageError
 from kvctl.runbook.model import Verdict
+from kvctl.wording import plural
 
 _log = logging.getLogger("kvctl.cluster")
 
@@ -337,7 +338,7 @@ def _client_rows(phase: _Phase, refs: dict[str, JobRef], check: str, what: str) 
                       f"{result.ok + result.failed} failed: {'; '.join(result.errors[:2])}",
                       "'kvctl store status --master HOST:PORT' shows the nodes")
         else:
-            phase.add(host, check, Verdict.PASS, f"{result.ok} objects: {what}")
+            phase.add(host, check, Verdict.PASS, f"{plural(result.ok, 'object')}: {what}")
 
 
 def _node_rows(phase: _Phase, nodes: dict[str, JobRef], view: StoreClientResult | None
@@ -355,7 +356,7 @@ def _node_rows(phase: _Phase, nodes: dict[str, JobRef], view: StoreClientResult 
                       f"{'not registered' if node is None else 'not alive'} at the master",
                       "see the agent's log on that host")
         else:
-            objects = f", {node.objects} objects" if node is not None else ""
+            objects = f", {plural(node.objects, 'object')}" if node is not None else ""
             phase.add(host, "store: node", Verdict.PASS,
                       f"node {ready.node_id} at {ready.endpoint}{objects}")
 

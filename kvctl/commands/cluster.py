@@ -20,6 +20,7 @@ from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
 from kvctl.output import Output, check_entry
 from kvctl.units import parse_duration
+from kvctl.wording import plural
 
 if TYPE_CHECKING:
     from kvctl.cluster.bench import ClusterBenchOptions, ClusterBenchReport
@@ -481,7 +482,7 @@ def runbook(
         raise typer.Exit(130)
     if not report.passed:
         failed = [f"{r.host}: {r.check}" for r in report.failed()]
-        raise CheckFailedError(f"{len(failed)} check(s) failed: {', '.join(failed)}",
+        raise CheckFailedError(f"{plural(len(failed), 'check')} failed: {', '.join(failed)}",
                                "see the measured and hint columns of each failed check")
 
 

@@ -13,12 +13,13 @@ from rich.text import Text
 
 from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.config import CommonSettings
-from kvctl.errors import NotFoundError
+from kvctl.errors import NotFoundError, UsageError
 from kvctl.metrics import ServerMetrics
 from kvctl.net.bind import parse_listen
 from kvctl.output import Output
 from kvctl.transfer.metadata import MetadataServer, MetadataSettings, key_prefix, open_configured
 from kvctl.transfer.metadata.settings import DEFAULT_PORT
+from kvctl.wording import plural
 
 app = typer.Typer(help="kvctl's metadata server, and what is published in a metadata service.\n\n"
                   "Example: kvctl metadata serve --listen 127.0.0.1:7420",
@@ -105,6 +106,22 @@ def _describe(key: str, value: bytes) -> dict[str, Any]:
             "value_base64": base64.b64encode(value).decode()}
 
 
+def shared_metadata(common: CommonSettings) -> CommonSettings:
+    """``common`` when it names a metadata service another process can have written to.
+
+    Raises:
+        UsageError: it is ``memory://`` (the default): this process's own map, empty here.
+    """
+    if common.metadata.startswith("memory://"):
+        raise UsageError(
+            "no metadata service is configured: memory:// (the default) is this process's "
+            "own map, and a new process's is empty",
+            "name one with --metadata (etcd://HOST:2379, redis://HOST:6379, file:///DIR, or "
+            f"http://HOST:{DEFAULT_PORT} for 'kvctl metadata serve'), KVCTL_METADATA or "
+            "common.metadata in the config file")
+    return common
+
+
 @app.command("ls")
 def ls(
     ctx: typer.Context,
@@ -119,9 +136,10 @@ def ls(
     Example: kvctl metadata ls kvctl/segments/ --metadata etcd://10.0.0.1:2379
     """
     opts = global_options(ctx)
-    common = opts.settings(CommonSettings, metadata=metadata)
+    settings = opts.settings(MetadataSettings)
+    common = shared_metadata(opts.settings(CommonSettings, metadata=metadata))
     chosen = key_prefix(common.cluster_id) if prefix is None else prefix
-    with open_configured(common, opts.settings(MetadataSettings)) as client:
+    with open_configured(common, settings) as client:
         entries = client.list(chosen)
         url = client.url
     out = opts.output(json_mode=json_)
@@ -132,7 +150,8 @@ def ls(
     if not entries:
         out.info(f"no entries under {chosen!r} in {url}")
         return
-    table = Table(title=f"{len(entries)} entries under {chosen!r} in {url}", title_justify="left")
+    table = Table(title=f"{plural(len(entries), 'entry', 'entries')} under {chosen!r} in {url}",
+                  title_justify="left")
     table.add_column("key", overflow="fold")
     table.add_column("size (B)", justify="right")
     table.add_column("value", overflow="ellipsis", no_wrap=True)
@@ -159,8 +178,9 @@ def get(
     Example: kvctl metadata get kvctl/segments/host-a
     """
     opts = global_options(ctx)
-    common = opts.settings(CommonSettings, metadata=metadata)
-    with open_configured(common, opts.settings(MetadataSettings)) as client:
+    settings = opts.settings(MetadataSettings)
+    common = shared_metadata(opts.settings(CommonSettings, metadata=metadata))
+    with open_configured(common, settings) as client:
         value = client.get(key)
         url = client.url
     if value is None:

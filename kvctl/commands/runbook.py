@@ -13,6 +13,7 @@ from kvctl.errors import CheckFailedError
 from kvctl.output import check_entry
 from kvctl.runbook.model import Verdict, load_runbook, step_kinds
 from kvctl.runbook.runner import builtin_runbook, run_runbook
+from kvctl.wording import plural
 
 _STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIP: "yellow"}
 
@@ -85,5 +86,5 @@ def runbook(
         out.print(table)
     if not report.passed:
         failed = [r.check for r in report.results if r.verdict is Verdict.FAIL]
-        raise CheckFailedError(f"{len(failed)} check(s) failed: {', '.join(failed)}",
+        raise CheckFailedError(f"{plural(len(failed), 'check')} failed: {', '.join(failed)}",
                                "see the hint column of each failed check")

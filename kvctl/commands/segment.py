@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
+from kvctl.commands.metadata import shared_metadata
 from kvctl.config import CommonSettings
 from kvctl.transfer.admin import list_segments, lookup_segment, remove_segment
 from kvctl.transfer.engine import TransferEngine
@@ -93,7 +94,7 @@ def list_(
     Example: kvctl segment list --metadata file:///tmp/kvmeta
     """
     opts = global_options(ctx)
-    common = opts.settings(CommonSettings, metadata=metadata)
+    common = shared_metadata(opts.settings(CommonSettings, metadata=metadata))
     with open_configured(common, opts.settings(MetadataSettings)) as client:
         infos = list_segments(client, common.cluster_id)
         url = client.url
@@ -126,7 +127,7 @@ def show(
     Example: kvctl segment show kv-a --json
     """
     opts = global_options(ctx)
-    common = opts.settings(CommonSettings, metadata=metadata)
+    common = shared_metadata(opts.settings(CommonSettings, metadata=metadata))
     with open_configured(common, opts.settings(MetadataSettings)) as client:
         info = lookup_segment(client, common.cluster_id, name, token=common.token)
     out = opts.output(json_mode=json_)
@@ -165,7 +166,7 @@ def rm(
     Example: kvctl segment rm kv-a --metadata file:///tmp/kvmeta
     """
     opts = global_options(ctx)
-    common = opts.settings(CommonSettings, metadata=metadata)
+    common = shared_metadata(opts.settings(CommonSettings, metadata=metadata))
     with open_configured(common, opts.settings(MetadataSettings)) as client:
         removed = remove_segment(client, common.cluster_id, name)
     out = opts.output(json_mode=json_)
