@@ -1,4 +1,12 @@
-"""Client side of the master protocol: one connection, and a small pool of them."""
+"""Client side of the master protocol: one connection, and a small pool of them.
+
+A client or node may be given several masters (``A:PORT,B:PORT``: the leader and the
+standbys of an elected master on etcd, :mod:`kvctl.store.master.election`). A new
+connection tries them in turn, the one that answered last first; a standby refuses
+connections and a deposed leader answers ``not_leader`` and closes, so the first one that
+greets is the leader. While none does (a takeover), the set is tried again for up to
+:data:`FAILOVER_S`.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +15,7 @@ import hmac
 import select
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 
@@ -46,7 +55,7 @@ def error_from(info: p.ErrorInfo, *, key: str | None = None) -> KvctlError:
         return StoreForbiddenError(info.cause, hint)
     if info.code == "busy":
         return StoreBusyError(info.cause, hint)
-    if info.code == "unavailable":
+    if info.code in ("unavailable", "not_leader"):
         return StoreUnavailableError(info.cause, hint)
     if info.code == "bad_request":
         return BadRequestError(info.cause, hint)
@@ -62,6 +71,25 @@ GREETING_WAIT_S = 1.0
 PROBE_WAIT_S = 1.0
 #: How long, in all, a silent server is waited for before it is called stalled, seconds.
 STALLED_WAIT_S = 8.0
+#: How long a client or node given several masters keeps trying them while none answers
+#: (a takeover: the old leader's lease, 5 s by default, then the new one's load), seconds.
+FAILOVER_S = 20.0
+#: How long one of several masters may take to connect and greet before the next one is
+#: tried, seconds (a SIGSTOPped leader accepts connections and says nothing).
+MULTI_GREETING_S = 2.0
+
+
+def master_addresses(spec: str) -> list[str]:
+    """The masters of ``A:PORT[,B:PORT...]``, in order.
+
+    Raises:
+        BadRequestError: no address at all.
+    """
+    addresses = [a.strip() for a in spec.split(",") if a.strip()]
+    if not addresses:
+        raise BadRequestError(f"store master address {spec!r} is empty",
+                              "write HOST:PORT, or several as A:PORT,B:PORT")
+    return addresses
 
 
 def _connect(address: str, host: str, port: int, timeout_s: float) -> socket.socket:
@@ -129,27 +157,33 @@ class MasterConnection:
         namespace: key prefix the master confines this connection to (a tenant's
             ``"<name>/"``), or ``""`` for the shared token / no token.
 
+    Args:
+        greeting_s: how long connecting and the greeting may take (default: up to
+            ``timeout_s``, see :func:`_await_greeting`); short when other masters can be
+            tried instead.
+
     Raises:
         StoreUnavailableError: the master cannot be reached.
         StoreAuthError: the master refused the token.
     """
 
     def __init__(self, address: str, *, token: str | None = None, timeout_s: float = 30.0,
-                 spin_s: float = 0.0) -> None:
+                 spin_s: float = 0.0, greeting_s: float | None = None) -> None:
         self.address = address
         self.timeout_s = timeout_s
         host, port = parse_listen(address)
         if port == 0:
             raise BadRequestError(f"store master address {address!r} has no port",
                                   "write HOST:PORT, e.g. 127.0.0.1:50051")
-        self._sock = _connect(address, host, port, timeout_s)
+        hello_s = timeout_s if greeting_s is None else min(greeting_s, timeout_s)
+        self._sock = _connect(address, host, port, hello_s)
         try:
-            if not _await_greeting(self._sock, address, timeout_s):
+            if not _await_greeting(self._sock, address, hello_s):
                 # A kvctl master greeted only after the probe was sent (it will take the
                 # probe for a bad frame): once more, waiting for the greeting as long as
                 # for any reply.
                 self._sock.close()
-                self._sock = _connect(address, host, port, timeout_s)
+                self._sock = _connect(address, host, port, hello_s)
         except BaseException:
             self._sock.close()
             raise
@@ -208,7 +242,7 @@ class MasterConnection:
     def _recv(self) -> p.Reply:
         try:
             frame = self._reader.recv()
-            return self._codec.decode_reply(frame.payload)
+            reply = self._codec.decode_reply(frame.payload)
         except ConnectionClosedError as exc:
             raise StoreUnavailableError(f"store master at {self.address} closed the "
                                         "connection", "check the master is running") from exc
@@ -220,6 +254,10 @@ class MasterConnection:
                                 "use the same kvctl version as the master") from exc
         except OSError as exc:
             raise self._unavailable("did not answer", exc) from exc
+        if isinstance(reply, p.Fail) and reply.error.code == "not_leader":
+            self.close()  # the master closes it too: the next one is opened elsewhere
+            raise error_from(reply.error)
+        return reply
 
     def _unavailable(self, what: str, exc: OSError) -> StoreUnavailableError:
         why = (f"within {self.timeout_s:g} s" if isinstance(exc, BlockingIOError | TimeoutError)
@@ -279,6 +317,71 @@ class MasterConnection:
             self._sock.close()
 
 
+class MasterSet:
+    """The masters a client or node was given (see the module docstring). Thread-safe.
+
+    Args:
+        spec: ``A:PORT[,B:PORT...]``.
+        failover_s: how long several masters are tried again while none answers.
+    """
+
+    def __init__(self, spec: str, *, failover_s: float = FAILOVER_S) -> None:
+        self.spec = spec
+        self.addresses = master_addresses(spec)
+        self.failover_s = failover_s
+        self._last = 0
+
+    @property
+    def first(self) -> str:
+        """The first master given (where a node's data path is chosen to reach)."""
+        return self.addresses[0]
+
+    def failed(self, address: str) -> None:
+        """A call to ``address`` failed (it died, stalled or no longer leads): the next
+        connection tries the other masters first."""
+        if self.addresses[self._last] == address:
+            self._last = (self._last + 1) % len(self.addresses)
+
+    def connect(self, *, token: str | None = None, timeout_s: float = 30.0,
+                spin_s: float = 0.0) -> MasterConnection:
+        """A connection to the first master that greets.
+
+        Raises:
+            StoreUnavailableError: none did within :attr:`failover_s` (at once with one
+                master).
+            StoreAuthError: a master refused the token (or did not prove it).
+        """
+        if len(self.addresses) == 1:
+            return MasterConnection(self.addresses[0], token=token, timeout_s=timeout_s,
+                                    spin_s=spin_s)
+        deadline = time.monotonic() + self.failover_s
+        pause = 0.05
+        while True:
+            failures: list[str] = []
+            start = self._last
+            for step in range(len(self.addresses)):
+                index = (start + step) % len(self.addresses)
+                address = self.addresses[index]
+                try:
+                    conn = MasterConnection(address, token=token, timeout_s=timeout_s,
+                                            spin_s=spin_s, greeting_s=MULTI_GREETING_S)
+                except StoreAuthError:
+                    raise  # the wrong token, or not our master: trying on would not help
+                except StoreUnavailableError as exc:
+                    failures.append(exc.cause)
+                    continue
+                self._last = index
+                return conn
+            if time.monotonic() + pause >= deadline:
+                raise StoreUnavailableError(
+                    f"none of the store masters {self.spec} answers (tried for "
+                    f"{self.failover_s:g} s): {'; '.join(failures)}",
+                    "check that one of them leads (its log says 'leading'); a standby "
+                    "refuses connections until it takes over")
+            time.sleep(pause)
+            pause = min(0.25, pause * 2)
+
+
 class MasterPool:
     """Connections to the master for a client shared by threads.
 
@@ -308,7 +411,8 @@ class MasterPool:
         self._mine = threading.local()
         self._lock = threading.Lock()
         self._closed = False
-        first = MasterConnection(address, token=token, timeout_s=timeout_s, spin_s=spin_s)
+        self._masters = MasterSet(address)
+        first = self._masters.connect(token=token, timeout_s=timeout_s, spin_s=spin_s)
         self.namespace = first.namespace
         self.max_frame_bytes = first.max_frame_bytes
         self._spares.append(first)
@@ -319,8 +423,8 @@ class MasterPool:
             with self._lock:
                 conn = self._spares.pop() if self._spares else None
             if conn is None:
-                return MasterConnection(self.address, token=self._token,
-                                        timeout_s=self._timeout_s, spin_s=self._spin_s)
+                return self._masters.connect(token=self._token, timeout_s=self._timeout_s,
+                                             spin_s=self._spin_s)
             if not conn.stale():
                 return conn
             conn.close()
@@ -370,9 +474,11 @@ class MasterPool:
         self._mine.busy = True
         try:
             yield conn
-        except BaseException:
+        except BaseException as exc:
             conn.close()  # maybe out of sync: the thread opens a new one next time
             self._mine.conn = None
+            if isinstance(exc, StoreUnavailableError):
+                self._masters.failed(conn.address)
             raise
         finally:
             self._mine.busy = False

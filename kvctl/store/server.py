@@ -77,6 +77,11 @@ class MasterServer:
         metrics: where to count requests and their latency (``--metrics-port``), or ``None``.
         tenants: tenants whose tokens confine a connection to their namespace (needs
             ``token``, which stays the administrators' and nodes').
+        sock: a socket already bound to the listen address (not listening yet), e.g. the
+            one a standby master reserved; ``host`` and ``port`` are then ignored.
+        leadership: ``None`` while this master may serve, else why not (an elected
+            master that was deposed): each request is refused with ``not_leader`` and
+            its connection closed (:meth:`~kvctl.store.master.election.Election.check`).
 
     Raises:
         ConfigError: tenants without a shared token, or sharing it.
@@ -86,8 +91,10 @@ class MasterServer:
     def __init__(self, core: MasterCore, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
                  max_connections: int = 512, metrics: ServerMetrics | None = None,
-                 tenants: tuple[Tenant, ...] = ()) -> None:
+                 tenants: tuple[Tenant, ...] = (), sock: socket.socket | None = None,
+                 leadership: Callable[[], str | None] | None = None) -> None:
         check_admin_token(tenants, token)
+        self._leadership = leadership
         self.core = core
         self.tenants = tenants
         self.metrics = metrics
@@ -109,10 +116,13 @@ class MasterServer:
         #: the most object bytes sent behind one get reply (0 until :meth:`serve_local`).
         self.attached_bytes = 0
         try:
-            self._sock = socket.create_server((host, port), backlog=128, reuse_port=False,
-                                              family=address_family(host),
-                                              dualstack_ipv6=is_unspecified(host) and
-                                              ":" in host)
+            if sock is not None:
+                sock.listen(128)
+                self._sock = sock
+            else:
+                self._sock = socket.create_server(
+                    (host, port), backlog=128, reuse_port=False, family=address_family(host),
+                    dualstack_ipv6=is_unspecified(host) and ":" in host)
         except OSError as exc:
             raise StoreUnavailableError(
                 f"store master cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -264,6 +274,8 @@ class MasterServer:
                     hint="the client and master disagree on the protocol")))
                 continue
             self._pending.trusted(conn)
+            if self._leadership is not None and self._refused(conn, codec, msg):
+                return
             started = time.perf_counter()
             try:
                 reply = self._durable(msg, self._scoped(msg, namespace))
@@ -284,6 +296,22 @@ class MasterServer:
                 self._send_attached(conn, codec, reply, msg.attached_bytes)
             elif reply is not None:
                 codec.send(conn, reply)
+
+    def _refused(self, conn: socket.socket, codec: p.Codec, msg: p.Request) -> bool:
+        """Whether this master was deposed (the caller then closes the connection, so
+        the client goes to the new leader); a request that expects a reply is told
+        ``not_leader`` first."""
+        assert self._leadership is not None
+        why = self._leadership()
+        if why is None:
+            return False
+        if not (isinstance(msg, p.Release) or (isinstance(msg, p.Commit | p.PutAt)
+                                               and not msg.ack)):
+            codec.send(conn, p.Fail(error=p.ErrorInfo(
+                code="not_leader", cause=f"this store master no longer leads: {why}",
+                hint="the client moves to the new leader when given every master "
+                "(--master A:PORT,B:PORT)")))
+        return True
 
     def _durable(self, msg: p.Request, reply: p.Reply | None) -> p.Reply | None:
         """``reply`` once the changes ``msg`` made are durable (waiting without the core's

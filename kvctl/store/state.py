@@ -6,7 +6,8 @@
 - ``etcd://HOST:PORT`` (or any :func:`~kvctl.transfer.metadata.open_metadata` URL):
   :class:`~kvctl.store.writebehind.MetadataState`, one key per object under
   ``kvctl/store/``, written behind the master's lock in ordered batches, so a standby
-  master on another host can load them and take over.
+  master on another host can load them and take over. Masters on etcd elect one leader
+  (:mod:`kvctl.store.master.election`) and the leader's writes are fenced by its term.
 
 Every backend follows the rules of :mod:`kvctl.store.statebase`: nothing waits for I/O with
 the master's lock held, and a request is acknowledged only once its changes are durable.
@@ -14,6 +15,7 @@ the master's lock held, and a request is acknowledged only once its changes are 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from kvctl.store.journal import JournalState
@@ -33,16 +35,25 @@ from kvctl.store.writebehind import MetadataState
 
 __all__ = ["DeleteNode", "DeleteObject", "JournalEntry", "JournalState", "LoadedState",
            "MetadataState", "NoState", "NodeRecord", "ObjectRecord", "ReplicaRecord",
-           "Snapshot", "StateBackend", "open_state"]
+           "Snapshot", "StateBackend", "elects_leader", "open_state"]
 
 
-def open_state(spec: str, *, cluster_id: str = "", token: str | None = None) -> StateBackend:
+def open_state(spec: str, *, cluster_id: str = "", token: str | None = None,
+               fence: tuple[str, int] | None = None,
+               on_fenced: Callable[[str], None] | None = None) -> StateBackend:
     """The backend named by ``spec``: ``none``, a directory, ``file:///DIR`` or a metadata
-    URL (``etcd://127.0.0.1:2379``)."""
+    URL (``etcd://127.0.0.1:2379``). ``fence`` and ``on_fenced``: a leader's term, every
+    etcd write conditional on it (see :class:`MetadataState`)."""
     if spec in ("", "none"):
         return NoState()
     if spec.startswith("file://"):
         return JournalState(Path(spec[len("file://"):]))
     if "://" in spec:
-        return MetadataState(spec, cluster_id=cluster_id, token=token)
+        return MetadataState(spec, cluster_id=cluster_id, token=token, fence=fence,
+                             on_fenced=on_fenced)
     return JournalState(Path(spec).expanduser())
+
+
+def elects_leader(spec: str) -> bool:
+    """Whether masters on this state elect a leader (etcd: several may share it)."""
+    return spec.startswith("etcd://")

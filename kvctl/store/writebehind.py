@@ -30,10 +30,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import msgspec
 
+from kvctl.errors import UsageError
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.statebase import JournalEntry, NodeRecord, ObjectRecord, StateBackend
 
@@ -62,6 +63,11 @@ class MetadataState(StateBackend):
         max_backlog: queued changes past which new puts are refused.
         page_size: keys per range request when loading.
         load_timeout_s: per range request when loading, seconds.
+        fence: a leader's ``(key, term)``: every transaction applies only while that key
+            is still at that mod revision (etcd only; see
+            :mod:`kvctl.store.master.election`). A fenced write stops every writer for
+            good and calls ``on_fenced`` with why.
+        on_fenced: called (once, from a writer thread) when a write was fenced.
     """
 
     #: Longest pause between attempts while the service refuses writes, seconds.
@@ -71,7 +77,9 @@ class MetadataState(StateBackend):
                  timeout_s: float = 2.0, max_txn_ops: int = 128,
                  max_txn_bytes: int = 1 << 20, inflight: int = 2,
                  ack_timeout_s: float = 10.0, max_backlog: int = 262_144,
-                 page_size: int = 10_000, load_timeout_s: float = 120.0) -> None:
+                 page_size: int = 10_000, load_timeout_s: float = 120.0,
+                 fence: tuple[str, int] | None = None,
+                 on_fenced: Callable[[str], None] | None = None) -> None:
         from kvctl.transfer.metadata import key_prefix, open_metadata
         from kvctl.transfer.metadata.etcd import EtcdMetadata
 
@@ -81,6 +89,15 @@ class MetadataState(StateBackend):
         self._load_timeout_s = load_timeout_s
         self._client = open_metadata(url, token=token, timeout_s=timeout_s)
         self._etcd = self._client if isinstance(self._client, EtcdMetadata) else None
+        if fence is not None and self._etcd is None:
+            self._client.close()
+            raise UsageError(f"master state {url}: leader fencing needs etcd",
+                             "use an etcd:// URL for masters that stand by for each other")
+        self._fence = fence
+        self._on_fenced = on_fenced
+        #: why writes were fenced (another master leads now): nothing is written again
+        self.fenced: str | None = None
+        self._closed = False
         self._prefix = key_prefix(cluster_id) + "store/"
         self._encoder = msgspec.msgpack.Encoder()
         self._max_ops = max(1, max_txn_ops if self._etcd is not None else 1)
@@ -288,7 +305,8 @@ class MetadataState(StateBackend):
                 self._inflight_first.append(first)
             error: str | None = None
             try:
-                self._write([(key, value) for key, _, value in batch])
+                if not self._write([(key, value) for key, _, value in batch]):
+                    error = self._fenced_now()
             except MetadataError as exc:
                 error = exc.cause
             with self._cv:
@@ -321,24 +339,48 @@ class MetadataState(StateBackend):
                 self._durable = min(oldest) - 1 if oldest else self._seq
                 self._cv.notify_all()
                 if self._stop and error is not None:
+                    fenced, self._on_fenced = (self.fenced is not None and self._on_fenced,
+                                               None)
+                    if fenced:
+                        fenced(self.fenced or "")
                     return
             if delay:
                 time.sleep(delay)
 
-    def _write(self, changes: list[Change]) -> None:
+    def _write(self, changes: list[Change]) -> bool:
+        """Write ``changes``; ``False`` when the fence refused them."""
         if self._etcd is not None:
-            self._etcd.write_batch(changes)
-            return
+            return self._etcd.write_batch(changes, guard=self._fence)
         for key, value in changes:
             if value is None:
                 self._client.delete(key)
             else:
                 self._client.put(key, value)
+        return True
+
+    def _fenced_now(self) -> str:
+        """A transaction was refused by the fence: another master holds the leader key.
+        Nothing is written from here on (the queue stays in memory: it is not ours to
+        write any more)."""
+        with self._cv:
+            if self.fenced is None:
+                assert self._fence is not None
+                self.fenced = (f"another master leads now (the leader key {self._fence[0]} "
+                               f"is past this master's term {self._fence[1]})")
+                _log.error("master state %s: write refused: %s; this master writes "
+                           "nothing more", self.description, self.fenced)
+            self._stop = True
+            self._cv.notify_all()
+            return self.fenced
 
     def close(self) -> None:
         with self._cv:
             if self._stop:
+                if self.fenced is not None and not self._closed:  # stopped by the fence
+                    self._closed = True
+                    self._client.close()
                 return
+            self._closed = True
             deadline = time.monotonic() + self._ack_timeout_s
             while self._queue and self._error is None and time.monotonic() < deadline:
                 self._cv.wait(0.05)

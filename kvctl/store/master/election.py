@@ -1,0 +1,338 @@
+"""Leader election of store masters that share one etcd state (``--state etcd://...``).
+
+Every master started with the same etcd URL and cluster id campaigns for one key,
+``kvctl/[<cluster>/]store/leader``, whose value names the leader (its advertised address,
+host and pid):
+
+- **Claim**: a lease of ``ttl_s`` is granted, then one transaction puts the key under that
+  lease only if it is absent (etcd compare ``create_revision == 0``). Exactly one master
+  wins; the key's mod revision is its **term**, increasing from leader to leader (every
+  claim is a newer etcd revision).
+- **Standby**: a master that lost reads the key every ``poll_s`` and claims it once it is
+  gone (the leader's lease expired, or it resigned). It loads nothing, writes nothing and
+  listens on nothing meanwhile. A leader recorded on this very host (same hostname, boot
+  and pid namespace) whose pid is gone is replaced at once (compare on its mod revision):
+  a master restarted after a crash does not wait out the TTL.
+- **Leading**: a keeper renews the lease every ``ttl_s / 3`` and reads the key back. A
+  master may serve while its last renewal is under ``ttl_s`` old (measured from before
+  the renewal was sent, so never longer than etcd keeps the lease). Past that, the next
+  request renews first (one at a time): a master SIGSTOPped past its TTL learns it lost
+  before it answers anything. While etcd cannot be reached at all, the master keeps
+  serving reads (nobody can be elected through an etcd that answers no one); its writes
+  fail anyway.
+- **Fencing**: every state transaction of the leader carries ``mod_revision(key) ==
+  term`` (:class:`~kvctl.store.writebehind.MetadataState`), so once another master has
+  claimed the key, nothing the old leader sends applies, whether it was paused, cut off
+  or its request was still on the wire when it died.
+- **Deposed**: an expired lease, the key held by another term, or a fenced write ends the
+  leadership for good (:meth:`Election.check` answers why); ``kvctl store master`` then
+  stops serving and exits, and a supervisor starting it again makes it a standby.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kvctl.errors import UsageError
+from kvctl.transfer.admin import pid_alive
+from kvctl.transfer.metadata import MetadataError, key_prefix, open_metadata
+from kvctl.transfer.metadata.base import LeaseExpiredError, LeaseId
+from kvctl.transfer.metadata.etcd import EtcdMetadata
+
+_log = logging.getLogger("kvctl.store.master")
+
+#: Default lease of the leader key, seconds: a dead leader is replaced about this long
+#: after its last renewal.
+DEFAULT_TTL_S = 5.0
+#: The leader key under the cluster's prefix.
+LEADER_KEY = "store/leader"
+
+
+def leader_key(cluster_id: str = "") -> str:
+    """The etcd key the masters of ``cluster_id`` campaign for."""
+    return key_prefix(cluster_id) + LEADER_KEY
+
+
+def this_host() -> str:
+    """Names this host and pid namespace (a pid means the same process only within it)."""
+    boot = pidns = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
+    with contextlib.suppress(OSError):
+        pidns = str(Path("/proc/self/ns/pid").stat().st_ino)
+    return f"{socket.gethostname()}/{boot}/{pidns}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderInfo:
+    """The leader as its key names it.
+
+    Attributes:
+        address: ``host:port`` clients and nodes reach it at.
+        term: the key's mod revision (its claim).
+        host: :func:`this_host` of the leader.
+        pid: the leader's process id.
+        run: a random name of the leader's run.
+    """
+
+    address: str
+    term: int
+    host: str = ""
+    pid: int = 0
+    run: str = ""
+
+    @classmethod
+    def parse(cls, raw: bytes, term: int) -> LeaderInfo | None:
+        """The leader a key value names, or ``None`` for a value kvctl did not write."""
+        try:
+            data = json.loads(raw)
+            return cls(str(data["address"]), term, str(data.get("host", "")),
+                       int(data.get("pid", 0)), str(data.get("run", "")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
+
+    def describe(self) -> str:
+        return f"{self.address} (term {self.term}, pid {self.pid})"
+
+
+def read_leader(url: str, *, cluster_id: str = "", token: str | None = None,
+                timeout_s: float = 2.0) -> LeaderInfo | None:
+    """The current leader of ``cluster_id``'s masters on etcd ``url`` (``None``: none).
+
+    Raises:
+        MetadataError: etcd cannot be reached.
+    """
+    client = open_metadata(url, token=token, timeout_s=timeout_s)
+    try:
+        if not isinstance(client, EtcdMetadata):
+            raise UsageError(f"{url} is not etcd: masters elect a leader only on etcd",
+                             "use an etcd:// URL")
+        entry = client.get_entry(leader_key(cluster_id))
+    finally:
+        client.close()
+    return None if entry is None else LeaderInfo.parse(*entry)
+
+
+class Election:
+    """One master's part in the election (see the module docstring). Thread-safe.
+
+    Args:
+        url: the etcd URL of the master state.
+        address: where this master serves (what clients and nodes are told).
+        cluster_id: key namespace of the store.
+        token: unused by etcd (kept for kvctl's own metadata server).
+        ttl_s: the leader key's lease, seconds.
+        poll_s: how often a standby reads the key (default ``min(1, ttl_s / 4)``).
+
+    Raises:
+        UsageError: ``url`` is not etcd, or a TTL that is not positive.
+    """
+
+    def __init__(self, url: str, *, address: str, cluster_id: str = "",
+                 token: str | None = None, ttl_s: float = DEFAULT_TTL_S,
+                 poll_s: float | None = None) -> None:
+        if not ttl_s > 0:
+            raise UsageError(f"leader lease {ttl_s} s is not positive",
+                             "set store.ha_ttl (KVCTL_STORE_HA_TTL) to a few seconds")
+        self.ttl_s = ttl_s
+        self.poll_s = poll_s if poll_s is not None else min(1.0, ttl_s / 4)
+        client = open_metadata(url, token=token, timeout_s=min(2.0, max(0.2, ttl_s / 2)))
+        if not isinstance(client, EtcdMetadata):
+            client.close()
+            raise UsageError(f"{url} is not etcd: masters elect a leader only on etcd",
+                             "use an etcd:// URL, or run one master at a time")
+        self._etcd = client
+        self.url = url
+        self.key = leader_key(cluster_id)
+        self.address = address
+        self._run = secrets.token_hex(8)
+        self._value = json.dumps({"address": address, "host": this_host(),
+                                  "pid": os.getpid(), "run": self._run}).encode()
+        #: this master's term once it leads (the leader key's mod revision), else 0.
+        self.term = 0
+        self._lease: LeaseId | None = None
+        self._check = threading.Lock()  # one renewal at a time
+        self._valid_until = 0.0
+        self._reachable = True
+        self._result_at = 0.0
+        self._deposed: str | None = None
+        self._listeners: list[Callable[[str], None]] = []
+        self._ended = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self._seen: tuple[int, bool] | None = None  # the last leader term logged
+
+    # ------------------------------------------------------------------ standby
+
+    def campaign(self, stop: threading.Event) -> bool:
+        """Stand by until this master holds the leader key (``True``) or ``stop`` is set
+        (``False``)."""
+        unreachable = False
+        while not stop.is_set():
+            try:
+                if self._try():
+                    self._keeper = threading.Thread(target=self._keep, daemon=True,
+                                                    name="kvctl-master-lease")
+                    self._keeper.start()
+                    return True
+                unreachable = False
+            except MetadataError as exc:
+                if not unreachable:
+                    _log.warning("store master: cannot reach %s to campaign (%s); retrying",
+                                 self.url, exc.cause)
+                unreachable = True
+            stop.wait(self.poll_s)
+        return False
+
+    def _try(self) -> bool:
+        entry = self._etcd.get_entry(self.key)
+        replace = 0
+        if entry is not None:
+            info = LeaderInfo.parse(*entry)
+            if info is None or not self._gone(info):
+                self._standing_by(info, entry[1])
+                return False
+            replace = entry[1]
+            _log.warning("store master: leader %s ran on this host and is gone; taking "
+                         "over without waiting for its lease", info.describe())
+        sent = time.monotonic()
+        lease = self._etcd.grant_lease(self.ttl_s)
+        try:
+            won, term, raw = self._etcd.claim(self.key, self._value, lease=lease,
+                                              replace=replace)
+        except BaseException:
+            with contextlib.suppress(MetadataError):
+                self._etcd.revoke(lease)
+            raise
+        if not won:
+            with contextlib.suppress(MetadataError):
+                self._etcd.revoke(lease)
+            if raw is not None:
+                self._standing_by(LeaderInfo.parse(raw, term), term)
+            return False
+        self._lease, self.term = lease, term
+        self._valid_until = sent + self.ttl_s
+        self._result_at = time.monotonic()
+        _log.warning("store master: leading as %s (term %d, lease %g s)", self.address,
+                     term, self.ttl_s)
+        return True
+
+    def _gone(self, info: LeaderInfo) -> bool:
+        """Whether ``info`` names a master of this host whose process has ended."""
+        return (info.host == this_host() and info.pid > 0 and info.pid != os.getpid()
+                and not pid_alive(info.pid))
+
+    def _standing_by(self, info: LeaderInfo | None, term: int) -> None:
+        if self._seen == (term, info is None):
+            return
+        self._seen = (term, info is None)
+        if info is None:
+            _log.warning("store master: standby; %s holds a value kvctl did not write "
+                         "(term %d)", self.key, term)
+        else:
+            _log.warning("store master: standby; leader is %s; taking over once its "
+                         "lease (up to %g s) expires", info.describe(), self.ttl_s)
+
+    # ------------------------------------------------------------------ leading
+
+    @property
+    def fence(self) -> tuple[str, int]:
+        """``(leader key, term)``: the condition every state write of this leader carries."""
+        return self.key, self.term
+
+    def on_deposed(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(why)`` once when the leadership ends (from any thread)."""
+        self._listeners.append(listener)
+
+    def _keep(self) -> None:
+        while not self._ended.wait(self.ttl_s / 3):
+            with self._check:
+                self._renew()
+            if self._deposed is not None:
+                return
+
+    def _renew(self) -> None:
+        """One lease renewal and a read of the key back (``_check`` held)."""
+        if self._deposed is not None or self._lease is None:
+            return
+        sent = time.monotonic()
+        try:
+            self._etcd.keepalive(self._lease)
+            entry = self._etcd.get_entry(self.key)
+        except LeaseExpiredError:
+            self._result_at = time.monotonic()
+            self.depose(f"its lease expired in etcd (stalled or cut off for more than "
+                        f"{self.ttl_s:g} s)")
+            return
+        except MetadataError as exc:
+            if self._reachable:
+                _log.warning("store master (term %d): cannot renew its lease: %s",
+                             self.term, exc.cause)
+            self._reachable = False
+            self._result_at = time.monotonic()
+            return
+        self._result_at = time.monotonic()
+        if entry is None or entry[1] != self.term:
+            holder = None if entry is None else LeaderInfo.parse(*entry)
+            self.depose("the leader key is gone" if entry is None else
+                        f"the leader key is now held by "
+                        f"{holder.describe() if holder else 'another writer'}")
+            return
+        if not self._reachable:
+            _log.warning("store master (term %d): lease renewed again", self.term)
+        self._reachable = True
+        self._valid_until = sent + self.ttl_s
+
+    def check(self) -> str | None:
+        """``None`` while this master may serve; else why it may not (it was deposed).
+        Cheap while the lease is fresh; past it, the lease is renewed first."""
+        if self._deposed is not None:
+            return self._deposed
+        now = time.monotonic()
+        if now < self._valid_until:
+            return None
+        if not self._reachable and now - self._result_at < self.ttl_s:
+            return None  # etcd answers nobody: nobody else can have been elected
+        with self._check:
+            if self._result_at < now:  # nothing newer came while we waited: renew now
+                self._renew()
+        return self._deposed
+
+    def depose(self, why: str) -> None:
+        """End the leadership for good (``why`` is logged and answered to requests)."""
+        listeners: list[Callable[[str], None]] = []
+        if self._deposed is None:
+            self._deposed = why
+            listeners, self._listeners = self._listeners, []
+            _log.error("store master (term %d): deposed: %s; it stops serving", self.term,
+                       why)
+        self._ended.set()
+        for listener in listeners:
+            listener(why)
+
+    @property
+    def deposed(self) -> str | None:
+        """Why the leadership ended, or ``None`` while it holds (or never started)."""
+        return self._deposed
+
+    def close(self) -> None:
+        """Resign (the lease is revoked, so a standby takes over at its next read) and
+        close the etcd client. Safe to call twice."""
+        self._ended.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=3)
+        lease, self._lease = self._lease, None
+        if lease is not None and self._deposed is None:
+            with contextlib.suppress(MetadataError):
+                self._etcd.revoke(lease)
+                _log.info("store master (term %d): resigned", self.term)
+        self._etcd.close()
