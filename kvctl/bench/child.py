@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvctl.errors import UnavailableError
+from kvctl.nativelog import component_of, log_path
 
 _log = logging.getLogger("kvctl.bench")
 
@@ -85,13 +86,22 @@ class ChildProcess:
                                        self.hint)
             return parent_conn.recv()
         except (EOFError, OSError) as exc:
+            note = self.log_note()
             self.stop()
             raise UnavailableError(
-                f"{self.name} exited during start-up (exit code {proc.exitcode})", self.hint
-            ) from exc
+                f"{self.name} exited during start-up (exit code {proc.exitcode}){note}",
+                self.hint) from exc
         except BaseException:
             self.stop()
             raise
+
+    def log_note(self) -> str:
+        """`` (its native log: PATH)`` when the child wrote one (engines do), else ``""``."""
+        proc = self._proc
+        if proc is None or proc.pid is None:
+            return ""
+        path = log_path(component_of(self.name), proc.pid)
+        return f" (its native log: {path})" if path.exists() else ""
 
     def stop(self) -> None:
         """Ask the child to stop and reap it (killed after 15 s). Safe to call twice."""

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import KvctlError, UnavailableError, UsageError
+from kvctl.nativelog import native_output_to_log
 from kvctl.store.errors import (
     ObjectNotFoundError,
     StoreError,
@@ -339,12 +340,21 @@ class MooncakeStore:
         self.master = master
         self.local_hostname = local_hostname
         self.global_segment_bytes = global_segment_bytes
-        self._store = cls()
-        rc = self._store.setup(local_hostname, metadata_server, global_segment_bytes,
-                               local_buffer_bytes, protocol, "", master)
+        # Mooncake's glog lines (dozens per client start) go to a file for the client's life.
+        self._native_log = contextlib.ExitStack()
+        self.log_path = self._native_log.enter_context(native_output_to_log("mooncake-store"))
+        try:
+            self._store = cls()
+            rc = self._store.setup(local_hostname, metadata_server, global_segment_bytes,
+                                   local_buffer_bytes, protocol, "", master)
+        except BaseException:
+            self._native_log.close()
+            raise
         if rc != 0:
+            self._native_log.close()
+            seen = f" (Mooncake's log: {self.log_path})" if self.log_path else ""
             raise MooncakeUnavailableError(
-                f"MooncakeDistributedStore.setup against {master} failed with code {rc}",
+                f"MooncakeDistributedStore.setup against {master} failed with code {rc}{seen}",
                 "check that mooncake_master runs there (kvctl starts one when --master "
                 "is not given)")
         self._closed = False
@@ -357,7 +367,10 @@ class MooncakeStore:
             if self._closed:
                 return
             self._closed = True
-        self._store.close()
+        try:
+            self._store.close()
+        finally:
+            self._native_log.close()
 
     def __enter__(self) -> MooncakeStore:
         return self

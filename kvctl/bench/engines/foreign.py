@@ -28,8 +28,7 @@ import binascii
 import dataclasses
 import json
 import logging
-import os
-import sys
+import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -38,6 +37,7 @@ import psutil
 from kvctl.bench.child import ChildProcess
 from kvctl.bench.engines.base import DriverPlan, EngineDriver, PathInfo
 from kvctl.errors import KvctlError, UnavailableError, UsageError
+from kvctl.nativelog import component_of, send_native_output_to_log
 from kvctl.net import auth
 from kvctl.net.advertise import route_source
 from kvctl.net.bind import LOOPBACK, is_loopback
@@ -217,10 +217,11 @@ def interface_of(address: str) -> str | None:
 
 
 def stdout_to_stderr() -> None:
-    """In an engine's process: send fd 1 to stderr. Native libraries print there (UCX's
-    errors, NIXL's INFO lines), and kvctl's stdout carries only its results (``--json``)."""
-    sys.stdout.flush()
-    os.dup2(2, 1)
+    """In an engine's process: native libraries' output (fd 1 and 2: UCX's errors, NIXL's
+    INFO lines, Mooncake's glog) goes to this process's log file (:mod:`kvctl.nativelog`,
+    named after the process), Python's stderr stays on the terminal, and kvctl's stdout
+    carries only its results (``--json``)."""
+    send_native_output_to_log(component_of(multiprocessing.current_process().name))
 
 
 def launch_target(target_main: Callable[..., None], args: tuple[Any, ...], *, name: str,

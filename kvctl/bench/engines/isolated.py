@@ -39,6 +39,7 @@ from kvctl.bench.result import ResultRow
 from kvctl.bench.runner import ProgressEvent, Skipped, SweepRunner
 from kvctl.bench.spec import Sweep
 from kvctl.errors import ExitCode, KvctlError, UnavailableError
+from kvctl.nativelog import component_of, log_path
 
 _log = logging.getLogger("kvctl.bench")
 
@@ -240,7 +241,9 @@ def _died(engine: str, proc: Any, rows: int) -> EngineProcessError:
     code = proc.exitcode
     how = f"was killed by signal {-code}" if code is not None and code < 0 else \
         f"exited with code {code}"
+    log = log_path(component_of(f"kvctl bench {engine}"), proc.pid)
+    where = f"read its native log {log}" if log.exists() else "rerun with -v to see its log"
     return EngineProcessError(f"the {engine} engine's process {how} after {rows} row(s), "
                               "before it finished",
-                              "rerun with -v to see its log; a crash inside the engine's "
-                              "library is the engine's bug")
+                              f"{where}; a crash inside the engine's library is the engine's "
+                              "bug")

@@ -1,0 +1,174 @@
+"""Native libraries' own log lines go to a file, not to the operator's terminal.
+
+Mooncake (glog: ``I1201 … client_metric.cpp:102] …``, and an ``E… Local segment descriptor
+not found`` on every client start), NIXL and UCX write straight to file descriptors 1 and 2.
+kvctl's stdout carries its results and its stderr its own messages, so while such a
+library is loaded, fd 1 and fd 2 point at a log file and Python's ``sys.stderr`` (and the
+logging handlers that wrote to it) at a duplicate of the terminal's stderr: kvctl's
+``Error:``/``Warning:`` lines and progress bars still reach the terminal, the library's
+lines reach the file. ``-v`` prints the file's path; a failing engine's message names it.
+
+Files live in ``$KVCTL_LOG_DIR`` (default ``$XDG_STATE_HOME/kvctl/logs``, i.e.
+``~/.local/state/kvctl/logs``), one per process and component, and only the newest
+:data:`KEEP` are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+_log = logging.getLogger("kvctl.nativelog")
+
+#: Log files kept in the directory (older ones are removed when a new one is opened).
+KEEP = 50
+
+
+def log_dir() -> Path:
+    """Where native logs go (``KVCTL_LOG_DIR``, else under ``XDG_STATE_HOME``)."""
+    explicit = os.environ.get("KVCTL_LOG_DIR")
+    if explicit:
+        return Path(explicit)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "kvctl" / "logs"
+
+
+def component_of(process_name: str) -> str:
+    """A file-name-safe component name for a process called ``process_name``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", process_name).strip("-.") or "process"
+
+
+def log_path(component: str, pid: int | None = None) -> Path:
+    """The log file of ``component`` in process ``pid`` (default: this one)."""
+    return log_dir() / f"{component}-{pid or os.getpid()}.log"
+
+
+def _prune(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        files = sorted(directory.glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+        for old in files[KEEP:]:
+            with contextlib.suppress(OSError):
+                old.unlink()
+
+
+def _open_log(component: str) -> tuple[int, Path] | None:
+    path = log_path(component)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _prune(path.parent)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:  # an unwritable home: the lines stay on the terminal
+        _log.debug("native log %s not opened (%s); native output stays on stderr", path, exc)
+        return None
+    os.write(fd, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {component} pid "
+                 f"{os.getpid()}\n".encode())
+    return fd, path
+
+
+def _repoint_handlers(old: object, new: io.TextIOBase) -> list[logging.StreamHandler]:  # type: ignore[type-arg]
+    moved = []
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+            handler.setStream(new)
+            moved.append(handler)
+    return moved
+
+
+def send_native_output_to_log(component: str) -> Path | None:
+    """For the rest of this process: fd 1 and 2 to ``component``'s log file, Python's
+    stderr to the terminal. Meant for a child process that hosts an engine (its results
+    travel over a pipe, so its stdout is never the parent's). Returns the log's path
+    (``None``: it could not be opened, and fd 1 now goes to stderr instead)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    opened = _open_log(component)
+    if opened is None:
+        os.dup2(2, 1)
+        return None
+    fd, path = opened
+    if _is_fd2(sys.stderr):
+        terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
+        old = sys.stderr
+        sys.stderr = terminal
+        _repoint_handlers(old, terminal)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return path
+
+
+class _Redirect:
+    """The one process-wide redirection of fd 2, shared by every open user."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        sys.stderr.flush()
+        self.path = path
+        self.saved = os.dup(2)
+        self.old = sys.stderr
+        self.moved: list[logging.StreamHandler] = []  # type: ignore[type-arg]
+        self.terminal: io.TextIOWrapper | None = None
+        if _is_fd2(sys.stderr):  # not under a test's in-memory capture: keep Python on the tty
+            self.terminal = os.fdopen(os.dup(self.saved), "w", buffering=1, encoding="utf-8",
+                                      errors="replace")
+            sys.stderr = self.terminal
+            self.moved = _repoint_handlers(self.old, self.terminal)
+        os.dup2(fd, 2)
+        os.close(fd)
+        self.users = 0
+
+    def undo(self) -> None:
+        if self.terminal is not None:
+            self.terminal.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        if self.terminal is not None:
+            sys.stderr = self.old
+            for handler in self.moved:
+                handler.setStream(self.old)
+            self.terminal.close()
+
+
+def _is_fd2(stream: object) -> bool:
+    try:
+        return stream.fileno() == 2  # type: ignore[attr-defined,no-any-return]
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+_lock = threading.Lock()
+#: The redirection in force, if any (one per process).
+_active: dict[str, _Redirect] = {}
+
+
+@contextlib.contextmanager
+def native_output_to_log(component: str) -> Iterator[Path | None]:
+    """While inside: fd 2 (where native libraries write) goes to ``component``'s log file;
+    Python's stderr, and the logging handlers that used it, go to the terminal. Yields the
+    log's path (``None``: it could not be opened, nothing changed). Nested and overlapping
+    users share one redirection, undone when the last one leaves."""
+    with _lock:
+        if "fd2" not in _active:
+            opened = _open_log(component)
+            if opened is not None:
+                _active["fd2"] = _Redirect(opened[1], opened[0])
+                _log.info("native log lines of %s go to %s", component, opened[1])
+        current = _active.get("fd2")
+        if current is not None:
+            current.users += 1
+    try:
+        yield None if current is None else current.path
+    finally:
+        if current is not None:
+            with _lock:
+                current.users -= 1
+                if current.users == 0:
+                    current.undo()
+                    del _active["fd2"]
