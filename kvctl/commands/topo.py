@@ -163,14 +163,15 @@ def _render(out: Output, topology: Topology) -> None:
         out.print("No NVIDIA GPU found (sysfs lists no display device of vendor 0x10de).")
     if gpus:
         gtable = Table(title="GPUs", title_justify="left")
-        for col in ("GPU", "model", "PCI", "NUMA", "PCIe link (now/max)"):
+        for col in ("GPU", "CUDA", "model", "PCI", "NUMA", "PCIe link (now/max)"):
             gtable.add_column(col)
         for g in gpus:
             link = g.place.link
             now = (f"{link.current_speed_gts:g} GT/s x{link.current_width}"
                    if link.current_speed_gts else "?")
             cap = f"{link.max_speed_gts:g} GT/s x{link.max_width}" if link.max_speed_gts else "?"
-            gtable.add_row(g.name, g.model, g.pci, _numa(g.numa_node), f"{now} / {cap}")
+            gtable.add_row(g.name, g.location or "hidden", g.model, g.pci,
+                           _numa(g.numa_node), f"{now} / {cap}")
         _print_wide(out, gtable)
     if nics:
         ntable = Table(title="NICs", title_justify="left")

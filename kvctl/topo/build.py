@@ -7,9 +7,10 @@ backends (:func:`live_sources`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvctl.probe.host import (
     IbPort,
@@ -20,7 +21,7 @@ from kvctl.probe.host import (
     pci_sort_key,
     scan_sysfs,
 )
-from kvctl.probe.nvml import NvmlBackend, NvmlGpu, NvmlReport
+from kvctl.probe.nvml import NvmlBackend, NvmlGpu, NvmlReport, cuda_ordinals
 from kvctl.probe.sysfs import SysfsReader
 from kvctl.probe.types import Unavailable
 from kvctl.probe.verbs import VerbsBackend, VerbsPort, VerbsReport
@@ -61,17 +62,20 @@ GPU_NAMES = {
 
 
 def discover(
-    reader: SysfsReader, nvml: NvmlBackend, verbs: VerbsBackend, *, label: str | None = None
+    reader: SysfsReader, nvml: NvmlBackend, verbs: VerbsBackend, *, label: str | None = None,
+    cuda_env: Mapping[str, str] | None = None,
 ) -> Topology:
     """Read every source and build the topology. Missing sources become statuses.
 
-    ``label`` names the sysfs source in its status (default: ``root <reader root>``).
+    ``label`` names the sysfs source in its status (default: ``root <reader root>``);
+    ``cuda_env`` is the environment whose ``CUDA_VISIBLE_DEVICES``/``CUDA_DEVICE_ORDER``
+    number the GPUs (``os.environ`` for the live host; ``None``: every GPU, PCI order).
     """
     facts = scan_sysfs(reader)
     nvml_answer = nvml.query()
     verbs_answer = verbs.query()
     return build_topology(facts, nvml_answer, verbs_answer,
-                          sysfs_label=label or f"root {reader.root}")
+                          sysfs_label=label or f"root {reader.root}", cuda_env=cuda_env)
 
 
 def build_topology(
@@ -80,8 +84,10 @@ def build_topology(
     verbs_answer: VerbsReport | Unavailable,
     *,
     sysfs_label: str = "root /",
+    cuda_env: Mapping[str, str] | None = None,
 ) -> Topology:
-    """Combine sysfs facts with NVML and verbs answers."""
+    """Combine sysfs facts with NVML and verbs answers; GPUs get the CUDA ordinals they
+    have under ``cuda_env`` (``None``: every GPU visible, PCI order)."""
     reported = () if isinstance(nvml_answer, Unavailable) else nvml_answer.gpus
     sysfs_gpus = [*facts.gpus, *(addr for addr, _ in facts.unplaced_gpus)]
     nvml_gpus, to_sysfs = match_nvml(sysfs_gpus, reported)
@@ -93,7 +99,7 @@ def build_topology(
             for vport in dev.ports:
                 verbs_ports[dev.name, vport.port] = vport
 
-    gpus = _gpus(facts, nvml_gpus, to_sysfs)
+    gpus = with_cuda_ordinals(_gpus(facts, nvml_gpus, to_sysfs), cuda_env or {})
     nics = _nics(facts, verbs_ports, verbs_names)
     numa = tuple(Numa(n.node, n.cpulist, n.distances) for n in facts.numa_nodes)
     only = numa[0].node if len(numa) == 1 else (0 if not numa else None)
@@ -241,6 +247,15 @@ def _gpus(
             )
         )
     return tuple(gpus)
+
+
+def with_cuda_ordinals(gpus: tuple[Gpu, ...], environ: Mapping[str, str]) -> tuple[Gpu, ...]:
+    """``gpus`` with the CUDA ordinal each has under ``environ`` (notes logged)."""
+    ordinals = cuda_ordinals(
+        [NvmlGpu(g.index, g.pci, g.model, g.uuid) for g in gpus], environ)
+    for note in ordinals.notes:
+        _log.warning("CUDA ordinals: %s", note)
+    return tuple(dataclasses.replace(g, cuda_ordinal=ordinals.ordinal_of(g.pci)) for g in gpus)
 
 
 def _rdma_state(raw: str | None) -> PortState:

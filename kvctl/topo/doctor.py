@@ -146,7 +146,7 @@ def check_gpu_nic_distance(topology: Topology) -> list[Finding]:
         return out
     kind = NicKind.RDMA if any(n.kind is NicKind.RDMA for n in topology.nics) else None
     for gpu in topology.gpus:
-        ranked = [r for r in rank_nics(topology, gpu.location, kind=kind)
+        ranked = [r for r in rank_nics(topology, gpu, kind=kind)
                   if r.state is PortState.ACTIVE]
         if not ranked:
             out.append(Finding(

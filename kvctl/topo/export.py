@@ -6,6 +6,11 @@
   ports known to be down left out.
 - :func:`env_lines`: ready-to-paste ``NCCL_IB_HCA``, ``UCX_NET_DEVICES``,
   ``MOONCAKE_DEVICE`` and ``MC_GID_INDEX`` per GPU and per NUMA node.
+
+GPUs are named ``cuda:N`` by their CUDA ordinal (:attr:`~kvctl.topo.model.Gpu.cuda_ordinal`),
+as Mooncake's own discovery (``cudaGetDeviceCount``/``cudaDeviceGetPCIBusId``) and torch
+number them in a process with the same ``CUDA_VISIBLE_DEVICES``; GPUs hidden by it are
+left out of the Mooncake and env exports.
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from kvctl.topo.rank import best_nics, nic_ports, preferred_nics, rank_nics
 
 
 def locations(topology: Topology) -> list[str]:
-    """Every buffer location of the host: ``cuda:N`` for each GPU, ``cpu:N`` per NUMA node."""
+    """Every buffer location of the host: ``cuda:N`` for each GPU this process's CUDA sees
+    (CUDA ordinals, as Mooncake and torch number them), ``cpu:N`` per NUMA node."""
     cpus = [n.location for n in topology.numa_nodes] or ["cpu:0"]
-    return [g.location for g in topology.gpus] + cpus
+    return [g.location for g in topology.gpus if g.location is not None] + cpus
 
 
 def _nic_dict(nic: Nic) -> dict[str, Any]:
@@ -63,6 +69,7 @@ def topology_payload(topology: Topology) -> dict[str, Any]:
             "name": g.name,
             "index": g.index,
             "location": g.location,
+            "cuda_ordinal": g.cuda_ordinal,
             "model": g.model,
             "pci": g.pci,
             "numa": g.numa_node,
@@ -79,8 +86,8 @@ def topology_payload(topology: Topology) -> dict[str, Any]:
         }
         for g in topology.gpus
     ]
-    preferred = {g.name: preferred_nics(topology, g.location) for g in topology.gpus}
-    use = {g.name: best_nics(topology, g.location) for g in topology.gpus}
+    preferred = {g.name: preferred_nics(topology, g) for g in topology.gpus}
+    use = {g.name: best_nics(topology, g) for g in topology.gpus}
     cpu = {loc: preferred_nics(topology, loc) for loc in locations(topology)
            if loc.startswith("cpu:")}
     return {
@@ -146,6 +153,11 @@ def mooncake_notes(topology: Topology) -> list[str]:
     notes: list[str] = []
     if not topology.gpus:
         notes.append("no NVIDIA GPU found: the Mooncake topology has cpu:N entries only")
+    hidden = [g.name for g in topology.gpus if g.location is None]
+    if hidden:
+        notes.append(f"{', '.join(hidden)} hidden by CUDA_VISIBLE_DEVICES: left out, and "
+                     "cuda:N counts only the visible GPUs; run Mooncake with the same "
+                     "CUDA_VISIBLE_DEVICES")
     for loc in locations(topology):
         if not best_nics(topology, loc, kind=NicKind.RDMA):
             notes.append(f"{loc}: no ACTIVE RDMA device, so no preferred HCA")

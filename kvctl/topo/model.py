@@ -89,9 +89,14 @@ class PciPlace:
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
-    """One NVIDIA GPU, numbered ``GPU<index>`` in PCI bus order (as ``nvidia-smi``).
+    """One NVIDIA GPU, numbered ``GPU<index>`` in PCI bus order over every GPU of the host
+    (as ``nvidia-smi`` numbers them), and located as ``cuda:<cuda_ordinal>``.
 
     Attributes:
+        cuda_ordinal: the CUDA device ordinal of this GPU in the process that reads the
+            topology (torch's ``cuda:N``, Mooncake's ``cuda:N``, kvctl's GPU buffers):
+            PCI order among the GPUs ``CUDA_VISIBLE_DEVICES`` leaves visible
+            (:func:`~kvctl.probe.nvml.cuda_ordinals`); ``None`` when it hides this GPU.
         model: product name (NVML), else a name from the PCI device ID.
         memory_total_bytes: framebuffer in bytes (NVML), ``None`` without NVML.
         numa_node: NUMA node, ``None`` when unknown (kernel ``-1``).
@@ -118,6 +123,7 @@ class Gpu:
     origin: GpuOrigin = GpuOrigin.SYSFS
     nvml_pci: str | None = None
     nvlinks_active: int | None = None
+    cuda_ordinal: int | None = None
 
     @property
     def pci(self) -> str:
@@ -125,9 +131,10 @@ class Gpu:
         return self.place.pci
 
     @property
-    def location(self) -> str:
-        """The buffer location this GPU serves: ``cuda:<index>``."""
-        return f"cuda:{self.index}"
+    def location(self) -> str | None:
+        """The buffer location this GPU serves, ``cuda:<cuda_ordinal>``; ``None`` when
+        ``CUDA_VISIBLE_DEVICES`` hides it from this process."""
+        return None if self.cuda_ordinal is None else f"cuda:{self.cuda_ordinal}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -295,6 +302,10 @@ class Topology:
     def gpu(self, name: str) -> Gpu | None:
         """The GPU called ``name`` (``GPU0``), or ``None``."""
         return next((g for g in self.gpus if g.name == name), None)
+
+    def cuda_gpu(self, ordinal: int) -> Gpu | None:
+        """The GPU at CUDA ordinal ``ordinal`` (``cuda:N``) in this process, or ``None``."""
+        return next((g for g in self.gpus if g.cuda_ordinal == ordinal), None)
 
     def nic(self, name: str) -> Nic | None:
         """The NIC called ``name``, or ``None``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from kvctl.errors import NotFoundError, UsageError
-from kvctl.topo.model import LinkClass, Nic, NicKind, PortState, Topology
+from kvctl.topo.model import Gpu, LinkClass, Nic, NicKind, PortState, Topology
 
 _STATE_ORDER = {PortState.ACTIVE: 0, PortState.UNKNOWN: 1, PortState.DOWN: 2}
 
@@ -53,7 +53,8 @@ class RankedNic:
 
 @dataclasses.dataclass(frozen=True)
 class Location:
-    """A parsed buffer location: ``cuda:N`` (GPU N in PCI order) or ``cpu:N`` (NUMA node N)."""
+    """A parsed buffer location: ``cuda:N`` (CUDA ordinal N: PCI order among the GPUs
+    ``CUDA_VISIBLE_DEVICES`` leaves visible) or ``cpu:N`` (NUMA node N)."""
 
     device: str
     index: int
@@ -73,13 +74,17 @@ def parse_location(topology: Topology, location: str) -> Location:
     if not sep or device not in ("cuda", "cpu") or not index_text.isdigit():
         raise UsageError(
             f"location {location!r} is not cuda:N or cpu:N",
-            "write cuda:0 for GPU 0 (PCI bus order) or cpu:0 for NUMA node 0",
+            "write cuda:0 for CUDA device 0 or cpu:0 for NUMA node 0",
         )
     index = int(index_text)
     if device == "cuda":
-        if index >= len(topology.gpus):
-            known = ", ".join(g.location for g in topology.gpus) or "none"
-            raise NotFoundError(f"no GPU for location {location!r}", f"GPUs here: {known}")
+        if topology.cuda_gpu(index) is None:
+            known = ", ".join(g.location for g in topology.gpus if g.location) or "none"
+            hidden = len([g for g in topology.gpus if g.location is None])
+            raise NotFoundError(
+                f"no GPU for location {location!r}",
+                f"CUDA devices here: {known}"
+                + (f" ({hidden} more hidden by CUDA_VISIBLE_DEVICES)" if hidden else ""))
     else:
         nodes = [n.node for n in topology.numa_nodes] or [0]
         if index not in nodes:
@@ -90,21 +95,27 @@ def parse_location(topology: Topology, location: str) -> Location:
 
 
 def rank_nics(
-    topology: Topology, location: str, *, kind: NicKind | None = None
+    topology: Topology, location: str | Gpu, *, kind: NicKind | None = None
 ) -> list[RankedNic]:
-    """Every NIC (of ``kind``, or all), best first, as seen from ``location``."""
-    where = parse_location(topology, location)
+    """Every NIC (of ``kind``, or all), best first, as seen from ``location`` (``cuda:N``,
+    ``cpu:N``, or a :class:`Gpu` itself, also one hidden from this process's CUDA)."""
+    gpu: Gpu | None
+    if isinstance(location, Gpu):
+        gpu, node = location, None
+    else:
+        where = parse_location(topology, location)
+        gpu = topology.cuda_gpu(where.index) if where.device == "cuda" else None
+        node = where.index
     ranked: list[RankedNic] = []
     for nic in topology.nics:
         if kind is not None and nic.kind is not kind:
             continue
         nic_numa = topology.effective_numa(nic.numa_node)
-        if where.device == "cuda":
-            gpu = topology.gpus[where.index]
+        if gpu is not None:
             link_class = topology.gpu_nic[gpu.name][nic.name]
             numa = topology.effective_numa(gpu.numa_node)
         else:
-            numa = where.index
+            numa = node
             same = nic_numa == numa
             link_class = LinkClass.NODE if same else LinkClass.SYS
         ranked.append(
@@ -121,8 +132,8 @@ def rank_nics(
     return ranked
 
 
-def preferred_nics(topology: Topology, location: str, *, kind: NicKind | None = None
-                   ) -> list[str]:
+def preferred_nics(topology: Topology, location: str | Gpu, *,
+                   kind: NicKind | None = None) -> list[str]:
     """NIC names for a buffer at ``location`` (``cuda:N`` / ``cpu:N``), best first.
 
     Every NIC is listed; NICs whose ports are not ACTIVE come last.
@@ -134,7 +145,8 @@ def preferred_nics(topology: Topology, location: str, *, kind: NicKind | None = 
     return [r.name for r in rank_nics(topology, location, kind=kind)]
 
 
-def best_nics(topology: Topology, location: str, *, kind: NicKind | None = None) -> list[str]:
+def best_nics(topology: Topology, location: str | Gpu, *, kind: NicKind | None = None
+              ) -> list[str]:
     """The ACTIVE NICs tied for first place (same class, NUMA match and rate); may be empty."""
     ranked = [r for r in rank_nics(topology, location, kind=kind)
               if r.state is PortState.ACTIVE]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 from kvctl.config import register_section
@@ -85,6 +86,8 @@ def load_topology(settings: TopoSettings, snapshot: Path | None = None) -> Topol
         return load_recorded(snapshot)
     sources = live_sources(settings)
     try:
-        return discover(sources.reader, sources.nvml, sources.verbs)
+        # the live host's GPUs are numbered as this process's CUDA numbers them
+        return discover(sources.reader, sources.nvml, sources.verbs,
+                        cuda_env=os.environ if sources.reader.is_live else None)
     finally:
         sources.nvml.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import os
 import resource
 import threading
 from collections.abc import Callable, Sequence
@@ -457,7 +458,8 @@ def live_topology() -> Any:
 
     nvml = PynvmlBackend()
     try:
-        return discover(SysfsReader("/"), nvml, RecordedVerbs(PyverbsBackend().query()))
+        return discover(SysfsReader("/"), nvml, RecordedVerbs(PyverbsBackend().query()),
+                        cuda_env=os.environ)
     except (KvctlError, OSError) as exc:
         _log.info("RDMA NIC ranking: topology unreadable (%s); NICs used in name order", exc)
         return None
