@@ -14,14 +14,18 @@ Redis has no leases, so they are built from key expiry, with no sweeper on the s
   a bounded slice of the lease's entries further (an HSCAN cursor kept in the lease), so
   every entry of a live lease is pushed well before its backstop comes.
 
-Each of put, get, grant, keepalive and revoke is one Lua script, hence atomic. Prefix listing uses
-SCAN (never KEYS). Lease ids are random 62-bit numbers, so a client that held a lease before
-the server restarted cannot renew another client's lease. Scripts touch keys computed at run
+Each of put, get, grant, keepalive, revoke and delete is one Lua script, hence atomic; put,
+delete and revoke also PUBLISH each changed entry's name on ``kvctl:w:<db>``, which watches
+follow (a watch re-lists then; a lease that expires publishes nothing and is found by the
+watch's poll). Prefix listing uses SCAN (never KEYS). Lease ids are random 62-bit numbers,
+so a client that held a lease before the server restarted cannot renew another client's
+lease. Scripts touch keys computed at run
 time, which Redis Cluster does not allow: use a standalone Redis (or one with replicas).
 """
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import urllib.parse
@@ -38,6 +42,7 @@ from kvctl.transfer.metadata.base import (
     register_backend,
     split_endpoints,
 )
+from kvctl.transfer.metadata.watch import DEFAULT_POLL_S, PollingWatch, Watch
 
 if TYPE_CHECKING:
     import redis
@@ -46,6 +51,8 @@ T = TypeVar("T")
 
 ENTRY_PREFIX = "kvctl:e:"
 LEASE_PREFIX = "kvctl:l:"
+#: Pub/sub channel (then the database number) on which writers announce changed entries.
+WATCH_CHANNEL = "kvctl:w:"
 _SCAN_COUNT = 1000
 
 #: An entry under a lease expires on its own this many lease TTLs after its lease was last
@@ -62,6 +69,7 @@ local entry = KEYS[1]
 if #KEYS == 1 then
   redis.call('DEL', entry)
   redis.call('HSET', entry, 'v', ARGV[1])
+  redis.call('PUBLISH', ARGV[#ARGV], entry)
   return 1
 end
 if redis.call('PTTL', KEYS[2]) <= 0 then return 0 end
@@ -70,6 +78,14 @@ redis.call('DEL', entry)
 redis.call('HSET', entry, 'v', ARGV[1], 'l', ARGV[2])
 redis.call('PEXPIRE', entry, ttl * tonumber(ARGV[3]))
 redis.call('HSET', KEYS[2], 'k:' .. entry, '1')
+redis.call('PUBLISH', ARGV[#ARGV], entry)
+return 1
+"""
+
+# KEYS[1] entry; ARGV[1] the watch channel. 1 when it existed.
+_DELETE = """
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[1], KEYS[1])
 return 1
 """
 
@@ -123,13 +139,17 @@ end
 return pushed
 """
 
-# KEYS[1] lease hash; ARGV[1] lease id. Deletes the entries still bound to the lease.
+# KEYS[1] lease hash; ARGV[1] lease id, ARGV[2] the watch channel. Deletes the entries
+# still bound to the lease.
 _REVOKE = """
 local lease = KEYS[1]
 for _, field in ipairs(redis.call('HKEYS', lease)) do
   if string.sub(field, 1, 2) == 'k:' then
     local entry = string.sub(field, 3)
-    if redis.call('HGET', entry, 'l') == ARGV[1] then redis.call('DEL', entry) end
+    if redis.call('HGET', entry, 'l') == ARGV[1] then
+      redis.call('DEL', entry)
+      redis.call('PUBLISH', ARGV[2], entry)
+    end
   end
 end
 redis.call('DEL', lease)
@@ -148,21 +168,23 @@ def _glob_escape(text: str) -> str:
 class RedisMetadata(MetadataClient):
     """Leased entries in one Redis database. Thread-safe; ``close()`` is idempotent."""
 
-    def __init__(self, client: redis.Redis, url: str) -> None:
+    def __init__(self, client: redis.Redis, url: str, db: int = 0) -> None:
         self.url = url
         self._redis = client
+        self.channel = f"{WATCH_CHANNEL}{db}"  # channels span databases: name ours
         self._scripts = {name: client.register_script(text) for name, text in
                          (("put", _PUT), ("get", _GET), ("grant", _GRANT),
-                          ("keepalive", _KEEPALIVE), ("revoke", _REVOKE))}
+                          ("keepalive", _KEEPALIVE), ("revoke", _REVOKE),
+                          ("delete", _DELETE))}
         self._closed = threading.Event()
 
     def put(self, key: str, value: bytes, *, lease: LeaseId | None = None) -> None:
         entry = ENTRY_PREFIX + key
         if lease is None:
-            self._run("put", [entry], [bytes(value)])
+            self._run("put", [entry], [bytes(value), self.channel])
             return
         done = self._run("put", [entry, f"{LEASE_PREFIX}{int(lease)}"],
-                         [bytes(value), str(int(lease)), BACKSTOP])
+                         [bytes(value), str(int(lease)), BACKSTOP, self.channel])
         if not done:
             raise LeaseExpiredError(f"lease {lease} in {self.url} has expired or never existed",
                                     "grant a new lease and publish again")
@@ -199,7 +221,7 @@ class RedisMetadata(MetadataClient):
         return self._do(scan)
 
     def delete(self, key: str) -> bool:
-        return bool(self._do(lambda r: r.delete(ENTRY_PREFIX + key)))
+        return bool(self._run("delete", [ENTRY_PREFIX + key], [self.channel]))
 
     def grant_lease(self, ttl_s: float) -> LeaseId:
         if not ttl_s > 0:
@@ -220,7 +242,13 @@ class RedisMetadata(MetadataClient):
                                     "grant a new lease and republish")
 
     def revoke(self, lease: LeaseId) -> None:
-        self._run("revoke", [f"{LEASE_PREFIX}{int(lease)}"], [str(int(lease))])
+        self._run("revoke", [f"{LEASE_PREFIX}{int(lease)}"], [str(int(lease)), self.channel])
+
+    def watch(self, prefixes: str | Sequence[str], *, poll_s: float = DEFAULT_POLL_S) -> Watch:
+        """Listings diffed as by polling, taken as soon as kvctl's writers announce a change
+        on the pub/sub channel :attr:`channel` (puts, deletes and revokes publish the key),
+        and every ``poll_s`` otherwise: a lease that expires announces nothing."""
+        return _RedisWatch(self, prefixes, poll_s=poll_s)
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -254,6 +282,59 @@ class RedisMetadata(MetadataClient):
             raise MetadataError(f"redis {self.url} failed: {exc}",
                                 "check the redis server's log and that it is Redis 6.2 or later"
                                 ) from None
+
+
+class _RedisWatch(PollingWatch):
+    def __init__(self, client: RedisMetadata, prefixes: str | Sequence[str], *,
+                 poll_s: float) -> None:
+        super().__init__(client, prefixes, poll_s=poll_s)
+        self._client = client
+        self._entry_prefixes = tuple(ENTRY_PREFIX + p for p in self.prefixes)
+        self._pubsub: Any = None
+        self._stopped = threading.Event()
+        with contextlib.suppress(MetadataError):  # unreachable now: polled until it is back
+            self._subscribe()
+        threading.Thread(target=self._listen, daemon=True,
+                         name=f"kvctl-redis-watch-{self.prefixes[0]}").start()
+
+    def _subscribe(self) -> None:
+        def subscribe(r: redis.Redis) -> Any:
+            pubsub = r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+            pubsub.subscribe(self._client.channel)
+            return pubsub
+
+        self._pubsub = self._client._do(subscribe)
+        self.nudge()  # writes before the subscription: list once more
+
+    def _listen(self) -> None:
+        import redis.exceptions as rex
+
+        while not self._stopped.is_set():
+            pubsub = self._pubsub
+            try:
+                if pubsub is None:
+                    self._subscribe()
+                    continue
+                message = pubsub.get_message(timeout=1.0)
+            except (MetadataError, rex.RedisError, OSError, ValueError):
+                self._pubsub = None
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                self._stopped.wait(1.0)
+                continue
+            if message and message.get("type") == "message" and \
+                    _as_bytes(message.get("data", b"")).decode(
+                        "utf-8", errors="replace").startswith(self._entry_prefixes):
+                self.nudge()
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(Exception):
+                pubsub.close()
+
+    def close(self) -> None:
+        self._stopped.set()
+        super().close()
 
 
 def _connect(host: str, port: int, db: int, parsed: urllib.parse.SplitResult,
@@ -292,4 +373,4 @@ def _open(parsed: urllib.parse.SplitResult, url: str, options: MetadataOptions) 
     host, port = endpoints[0]
     shown = url if parsed.password is None else url.replace(parsed.password, "***", 1)
     client = _connect(host, port, int(db_text or 0), parsed, options.timeout_s)
-    return RedisMetadata(client, shown)
+    return RedisMetadata(client, shown, int(db_text or 0))
