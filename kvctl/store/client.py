@@ -11,13 +11,18 @@ node in its own process (``kvctl store serve``) sends that node's bytes behind i
 
 A small put is placed by the client in space the master reserved for it (see
 :mod:`kvctl.store.arena`): one engine WRITE per replica, then a report
-(:class:`~kvctl.store.protocol.PutAt`) sent without waiting, so one round trip. Other puts
-(large, or when no reservation can be had) are one master round trip (allocation on
-``replicas`` distinct nodes), one WRITE per replica, and a commit sent without waiting (a
-reader that races the commit sees the object as *pending*, reads it, and accepts it only if
-the checksum matches). Reports and commits have no reply: the next request on the same
-connection is ordered after them, a request on another connection (another thread's) may
-overtake them.
+(:class:`~kvctl.store.protocol.PutAt`), one master round trip. Other puts (large, or when
+no reservation can be had) are one master round trip (allocation on ``replicas`` distinct
+nodes), one WRITE per replica, and a commit, a second round trip (a reader that races the
+commit sees the object as *pending*, reads it, and accepts it only if the checksum
+matches).
+
+*Durable or not acknowledged*: reports and commits ask for an answer (``ack``), which the
+master sends only once the objects are durable in its state (its journal written and
+fsync'ed, or etcd took them). A put returns only then; a key the master did not take (a
+node of its reservation stopped answering heartbeats, its allocation expired) or could
+not record fails (a reservation put is retried through the master first), so a put that
+returned is readable for as long as a node holding it lives.
 
 With a tenant's token the master confines the client to keys under ``<tenant>/`` (see
 :mod:`kvctl.store.tenants`); the client learns that namespace at login and adds it to every
@@ -243,16 +248,17 @@ class StoreClient:
         return out
 
     def _placeable(self, wire: list[str]) -> bool:
-        """Whether a put of these keys may be placed in a reservation: its report gets no
-        reply, so every key must be valid and the report must fit one master message (else
-        the master answers for each key, in chunks)."""
+        """Whether a put of these keys may be placed in a reservation: every key must be
+        valid and the report must fit one master message (else the master answers for
+        each key, in chunks)."""
         if len(wire) > p.MAX_BATCH or any(p.check_key(k) is not None for k in wire):
             return False
         return sum(len(k) * 4 + 32 for k in wire) <= self._pool.max_frame_bytes // 2
 
     def _put_via_master(self, keys: list[str], wire: list[str], views: list[memoryview],
                         sums: list[int]) -> list[KvctlError | None]:
-        """Allocation by the master, writes, commits (two round trips)."""
+        """Allocation by the master, writes, commits answered once durable (two round
+        trips)."""
         out: list[KvctlError | None] = [None] * len(keys)
         for start, end in self._chunks([v.nbytes for v in views], wire):
             reply = self._expect(self._call(p.Put(
@@ -271,8 +277,9 @@ class StoreClient:
                     sums: list[int], arena: Arena, offsets: list[int]
                     ) -> list[KvctlError | None] | None:
         """Write objects at ``offsets`` of the reservation ``arena`` and report them to the
-        master (no reply: one round trip per put); ``None`` when the master that granted
-        the reservation is gone (the caller puts through the new one)."""
+        master (one round trip per put, answered once they are durable); ``None`` when the
+        master that granted the reservation is gone (the caller puts through the new
+        one)."""
         n = len(keys)
         out: list[KvctlError | None] = [None] * n
         slots: list[p.PutSlot | p.ErrorInfo] = [p.PutSlot(key=wire[i], version=0, locations=[
@@ -297,6 +304,7 @@ class StoreClient:
             if any(out):
                 self._arenas.retire(arena)  # a node failed, or too slow: reserve anew
             good = [i for i in range(n) if out[i] is None]
+            reply: p.Reply = p.Ok()
             with self._pool.connection() as conn:
                 same = conn.instance == arena.instance
                 if not same:
@@ -304,11 +312,17 @@ class StoreClient:
                 count = self._arenas.done(arena, report=same)
                 settled = True
                 if same:
-                    conn.send(p.PutAt(
+                    # The put returns once the master has recorded the objects durably
+                    # (or refused them: a node of the reservation stopped answering).
+                    report = p.PutAt(
                         reservation=arena.rid, keys=[wire[i] for i in good],
                         sizes=[views[i].nbytes for i in good], checksums=[sums[i] for i in good],
                         offsets=[offsets[i] for i in good], end=count is not None,
-                        count=count or 0))
+                        count=count or 0, ack=bool(good))
+                    if good:
+                        reply = conn.call(report)
+                    else:
+                        conn.send(report)
         finally:
             if not settled:
                 count = self._arenas.done(arena, report=False)
@@ -316,6 +330,10 @@ class StoreClient:
                     self._end_arena(arena, count)
         if not same:
             return None
+        self._settle(reply, good, keys, out)
+        if not isinstance(reply, p.Ok):
+            self._arenas.retire(arena)  # refused (a node not alive): reserve anew
+            good = [i for i in good if out[i] is None]
         first = arena.locations[0]
         self._recall.remember([(wire[i], Where(0, sums[i], views[i].nbytes, first.segment,
                                          first.offset + offsets[i])) for i in good])
@@ -378,14 +396,36 @@ class StoreClient:
                      slots: list[p.PutSlot | p.ErrorInfo], start: int,
                      out: list[KvctlError | None]) -> None:
         commits = self._write_slots(keys, views, slots, start, out)
-        good = [(wire[i], v) for i, v in commits if out[i] is None]
+        good = [(i, v) for i, v in commits if out[i] is None]
         bad = [(wire[i], v) for i, v in commits if out[i] is not None]
         with self._pool.connection() as conn:
-            if good:
-                conn.send(p.Commit(keys=[k for k, _ in good], versions=[v for _, v in good]))
             if bad:
                 conn.send(p.Commit(keys=[k for k, _ in bad], versions=[v for _, v in bad],
                                    ok=False))
+            if good:
+                # The put returns once the master has recorded the commit durably.
+                reply = conn.call(p.Commit(keys=[wire[i] for i, _ in good],
+                                           versions=[v for _, v in good], ack=True))
+        if good:
+            self._settle(reply, [i for i, _ in good], keys, out)
+
+    def _settle(self, reply: p.Reply, items: list[int], keys: list[str],
+                out: list[KvctlError | None]) -> None:
+        """Apply the master's answer to a commit or report with ``ack`` (about ``items``,
+        in order) to ``out``: an item the master did not take, or did not record durably,
+        gets its error."""
+        if isinstance(reply, p.Ok):
+            return
+        if isinstance(reply, p.Fail):
+            for i in items:
+                out[i] = out[i] or error_from(reply.error, key=keys[i])
+            return
+        if not isinstance(reply, p.Acked) or len(reply.refused) != len(reply.errors) or any(
+                not 0 <= j < len(items) for j in reply.refused):
+            raise ProtocolError(f"store master at {self.master} answered a commit with "
+                                f"{type(reply).__name__}", "use the same kvctl version")
+        for j, info in zip(reply.refused, reply.errors, strict=True):
+            out[items[j]] = out[items[j]] or error_from(info, key=keys[items[j]])
 
     def _write_slots(self, keys: list[str], views: list[memoryview],
                      slots: Sequence[p.PutSlot | p.ErrorInfo], start: int,

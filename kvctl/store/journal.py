@@ -16,10 +16,12 @@ A restart replays the newest snapshot and every journal segment from its generat
 in order (``snapshot.msgpack`` + ``journal.log`` of older kvctl versions first, if present).
 
 No copy of the state is kept in memory besides the master's own tables: changes are
-encoded into a buffer with the master's lock held and written to the OS when the request
-that made them is acknowledged (:meth:`JournalState.ack`, outside the lock) or at the next
-housekeeping pass: a killed master process loses nothing acknowledged, a host crash may
-lose the last moments (fsync only at snapshots).
+encoded into a buffer with the master's lock held and written to the OS at the next
+housekeeping pass, or when the request that made them is acknowledged
+(:meth:`JournalState.ack`, outside the lock), which also waits for ``fdatasync``: nothing
+acknowledged is lost to a killed master process or to a host crash. Acknowledgements
+share their writes and syncs (a group commit: whoever syncs takes every change buffered
+until then, the others find theirs done).
 
 A write the file system refuses (a full disk) fails the acknowledgements of the changes it
 carried, and the journal stops taking writes (:meth:`JournalState.refusal`: the master
@@ -30,6 +32,7 @@ second: a snapshot of the live state needs no journal before it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -116,9 +119,10 @@ class JournalState(StateBackend):
         self._buf_lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._local = threading.local()
-        #: changes taken / written to the OS
+        #: changes taken / written to the OS / on disk (fdatasync'ed)
         self._seq = 0
         self._written = 0
+        self._synced = 0
         #: why writes stopped (a refused write), or None
         self._failed: str | None = None
         #: changes not written (the journal was stopped), first and last; a snapshot
@@ -159,12 +163,30 @@ class JournalState(StateBackend):
         try:
             fd = _open_private(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         except OSError as exc:
+            hint = ("free space on that disk (the journal needs room for its next segment), "
+                    "or pick another --state directory" if exc.errno == errno.ENOSPC else
+                    "free space or pick a writable --state directory")
             raise UsageError(f"cannot write master journal {path}: {exc.strerror or exc}",
-                             "free space or pick a writable --state directory") from exc
-        if self._fd is not None:
-            os.close(self._fd)
+                             hint) from exc
+        old, self._fd = self._fd, None
+        if old is not None:
+            self._sync_closing(old)
         self._fd = fd
         self._gen = gen
+
+    def _sync_closing(self, fd: int) -> None:
+        """Close the previous segment once what it holds is on disk (acknowledgements wait
+        for that; the new segment is synced from here on)."""
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._fail(f"sync of master journal failed: {exc.strerror or exc}")
+            self._mark_dropped(self._synced + 1, self._written)
+        else:
+            self._synced = self._written
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def replay(self) -> Iterator[JournalEntry]:
         for path in self._legacy:
@@ -216,28 +238,43 @@ class JournalState(StateBackend):
     def delete_node(self, node_id: str) -> None:
         self._append(DeleteNode(node_id))
 
-    def _flush(self) -> None:
-        """Write the buffered records to the OS, in order (callers hold no master lock
-        except :meth:`start_snapshot`)."""
+    def _flush(self, *, sync: bool = False) -> None:
+        """Write the buffered records to the OS, in order, and with ``sync`` to the disk
+        (callers hold no master lock except :meth:`start_snapshot`)."""
         with self._io_lock:
             with self._buf_lock:
                 data, self._buf = self._buf, bytearray()
                 upto = self._seq
-            if not data:
-                return
-            if self._fd is None:  # stopped by a refused write: a snapshot takes them
-                first = self._written + 1 if self._dropped is None else self._dropped[0]
-                self._dropped = (first, upto)
+            if data:
+                if self._fd is None:  # stopped by a refused write: a snapshot takes them
+                    self._mark_dropped(self._synced + 1, upto)
+                    return
+                try:
+                    _write_all(self._fd, data)
+                except OSError as exc:
+                    self._fail(f"write to master journal "
+                               f"{self._segment('journal', self._gen)} failed: "
+                               f"{exc.strerror or exc}")
+                    self._mark_dropped(self._synced + 1, upto)
+                    return
+                self._written = upto
+            if not sync or self._synced >= self._written or self._fd is None:
                 return
             try:
-                _write_all(self._fd, data)
+                os.fdatasync(self._fd)
             except OSError as exc:
-                self._fail(f"write to master journal {self._segment('journal', self._gen)} "
+                self._fail(f"sync of master journal {self._segment('journal', self._gen)} "
                            f"failed: {exc.strerror or exc}")
-                first = self._written + 1 if self._dropped is None else self._dropped[0]
-                self._dropped = (first, upto)
+                self._mark_dropped(self._synced + 1, self._written)
                 return
-            self._written = upto
+            self._synced = self._written
+
+    def _mark_dropped(self, first: int, last: int) -> None:
+        """Changes ``first``..``last`` are not on disk (a snapshot started later takes
+        them); the range grows from the oldest such change."""
+        if first > last:
+            return
+        self._dropped = (first if self._dropped is None else self._dropped[0], last)
 
     def _fail(self, cause: str) -> None:
         if self._failed is None:
@@ -254,13 +291,18 @@ class JournalState(StateBackend):
     def ack(self, timeout_s: float | None = None) -> str | None:
         seq = getattr(self._local, "seq", 0)
         self._local.seq = 0
-        if seq > self._written:
-            self._flush()
+        if seq > self._synced:
+            self._flush(sync=True)
         dropped = self._dropped
-        if seq <= self._written and (dropped is None or not dropped[0] <= seq <= dropped[1]):
+        if seq <= self._synced and (dropped is None or not dropped[0] <= seq <= dropped[1]):
             return None
         return (f"master state {self.directory}: the change was not written "
                 f"({self._failed or 'the journal was stopped by an earlier failure'})")
+
+    def wait_for_key(self, key: str) -> None:
+        # No per-key bookkeeping: the acknowledgement waits for every change taken so far.
+        with self._buf_lock:
+            self._local.seq = max(getattr(self._local, "seq", 0), self._seq)
 
     def refusal(self) -> str | None:
         if self._failed is None:
@@ -318,7 +360,7 @@ class JournalState(StateBackend):
     def close(self) -> None:
         if self._closed:
             return
-        self._flush()
+        self._flush(sync=True)
         self._closed = True
         if self._fd is not None:
             os.close(self._fd)

@@ -14,7 +14,9 @@ required, a nonce, the frame limit). The client answers :class:`Login` (the HMAC
 nonce, see :mod:`kvctl.net.auth`) and gets :class:`Ok` or :class:`Fail` (then the server
 closes). After that each request gets exactly one reply, in order, except requests sent
 of kinds that never get one (:class:`Commit`, :class:`Release`, :class:`PutAt`; the first
-and last get one when they set ``ack``: once their objects are durable).
+and last get one when they set ``ack``: once their objects are durable, or naming the keys
+the master did not take, see :class:`Acked`). kvctl's client always sets ``ack``: a put
+returns only once its object is durable in the master's state.
 
 Attached bytes: a master serving a storage node in its own process (``kvctl store serve``)
 says so in :attr:`Hello.attached_bytes`. A :class:`Get` with ``attached_bytes`` set may then
@@ -224,9 +226,9 @@ class Reserve(Struct, frozen=True, tag="reserve"):
 
 
 class PutAt(Struct, frozen=True, tag="put_at"):
-    """Objects the client wrote inside its reservation (no reply): each ``keys[i]`` of
-    ``sizes[i]`` bytes with ``checksums[i]`` at ``offsets[i]`` from the start of every
-    replica's range. Such objects are visible once the master takes this message (like a
+    """Objects the client wrote inside its reservation (no reply unless ``ack``): each
+    ``keys[i]`` of ``sizes[i]`` bytes with ``checksums[i]`` at ``offsets[i]`` from the start
+    of every replica's range. Such objects are visible once the master takes this message (like a
     :class:`Commit`). ``end`` gives the rest of the reservation back once the master has
     taken ``count`` PutAt messages for it, this one included (a client's reports travel on
     several connections, so the end may arrive before some of them)."""
@@ -238,8 +240,10 @@ class PutAt(Struct, frozen=True, tag="put_at"):
     offsets: list[int] = msgspec.field(default_factory=list)
     end: bool = False
     count: int = 0
-    #: ask for a reply (:class:`Ok`, or :class:`Fail` naming why) once the master has
-    #: recorded these objects durably (its journal or etcd took them).
+    #: ask for a reply once the master has recorded these objects durably (its journal
+    #: or etcd took them): :class:`Ok`, :class:`Acked` naming the keys it did not take (a
+    #: node of the reservation is not alive, the reservation is gone, a key outside its
+    #: unused space), or :class:`Fail` naming why none is durable.
     ack: bool = False
 
 
@@ -249,8 +253,10 @@ class Commit(Struct, frozen=True, tag="commit"):
     keys: list[str]
     versions: list[int]
     ok: bool = True
-    #: ask for a reply (:class:`Ok`, or :class:`Fail` naming why) once the master has
-    #: recorded the commit durably (its journal or etcd took it).
+    #: ask for a reply once the master has recorded the commit durably (its journal or
+    #: etcd took it): :class:`Ok`, :class:`Acked` naming the puts it did not commit (no
+    #: longer pending, or a replica's node is not alive), or :class:`Fail` naming why
+    #: none is durable.
     ack: bool = False
 
 
@@ -392,6 +398,17 @@ class GetReply(Struct, frozen=True, tag="get_r"):
     attached_from: list[int] = msgspec.field(default_factory=list)
 
 
+class Acked(Struct, frozen=True, tag="acked"):
+    """The answer to a :class:`Commit` or :class:`PutAt` that asked for ``ack`` when the
+    master did not take some of its keys: ``refused[i]`` is the index of such a key in the
+    request, ``errors[i]`` why (nothing of it is visible). Every other key is durably
+    recorded. (When it took every key the answer is :class:`Ok`; when its state could not
+    record them, :class:`Fail`.)"""
+
+    refused: list[int] = msgspec.field(default_factory=list)
+    errors: list[ErrorInfo] = msgspec.field(default_factory=list)
+
+
 class Bools(Struct, frozen=True, tag="bools"):
     values: list[bool]
 
@@ -419,7 +436,7 @@ class Tasks(Struct, frozen=True, tag="tasks"):
 
 Reply = (
     Hello | Ok | Fail | PutReply | GetReply | Bools | KeyList | StatReply | StatusReply
-    | NodesReply | Tasks | Reservation
+    | NodesReply | Tasks | Reservation | Acked
 )
 
 

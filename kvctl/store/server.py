@@ -322,7 +322,7 @@ class MasterServer:
         problem = self.core.state.ack()
         wants_ack = isinstance(msg, p.Commit | p.PutAt) and msg.ack
         if problem is None:
-            return p.Ok() if wants_ack else reply
+            return (reply or p.Ok()) if wants_ack else reply
         if wants_ack or reply is not None:
             return p.Fail(error=p.ErrorInfo(
                 code="unavailable", cause=problem,
@@ -371,15 +371,27 @@ class MasterServer:
                               "or remove one")
         if isinstance(msg, p.Commit | p.Release | p.PutAt):
             inside = [i for i, k in enumerate(msg.keys) if k.startswith(namespace)]
-            if len(inside) != len(msg.keys):
-                _log.warning("tenant %r sent %s for keys outside its namespace; ignored",
-                             namespace[:-1], type(msg).__name__.lower())
-                fields = ("versions",) if not isinstance(msg, p.PutAt) else (
-                    "sizes", "checksums", "offsets")
-                msg = msgspec.structs.replace(msg, keys=[msg.keys[i] for i in inside], **{
-                    f: [getattr(msg, f)[i] for i in inside if i < len(getattr(msg, f))]
-                    for f in fields})
-            return self._dispatch(msg, namespace)
+            if len(inside) == len(msg.keys):
+                return self._dispatch(msg, namespace)
+            _log.warning("tenant %r sent %s for keys outside its namespace; ignored",
+                         namespace[:-1], type(msg).__name__.lower())
+            fields = ("versions",) if not isinstance(msg, p.PutAt) else (
+                "sizes", "checksums", "offsets")
+            reply = self._dispatch(msgspec.structs.replace(msg, keys=[
+                msg.keys[i] for i in inside], **{
+                f: [getattr(msg, f)[i] for i in inside if i < len(getattr(msg, f))]
+                for f in fields}), namespace)
+            if isinstance(msg, p.Release) or not msg.ack or isinstance(reply, p.Fail):
+                return reply
+            # The answer names keys by their index in the request the client sent.
+            outside_keys = _forbidden(f"key outside tenant {namespace[:-1]!r}'s namespace "
+                                      f"{namespace!r}").error
+            refused = [(inside[i], e) for i, e in zip(reply.refused, reply.errors,
+                                                      strict=False)] \
+                if isinstance(reply, p.Acked) else []
+            inside_set = set(inside)
+            refused += [(i, outside_keys) for i in range(len(msg.keys)) if i not in inside_set]
+            return _acked(sorted(refused, key=lambda r: r[0]))
         keys: list[str] = []
         if isinstance(msg, p.Get):
             keys = [*msg.keys, *msg.release_keys]
@@ -408,17 +420,20 @@ class MasterServer:
                 return _too_many(len(msg.items))
             return p.PutReply(slots=core.put(msg))
         if isinstance(msg, p.Commit):
-            core.commit(msg)
-            return None
+            refused = core.commit(msg)
+            if not msg.ack:
+                _ignored(refused)
+                return None
+            return _acked(refused)
         if isinstance(msg, p.Release):
             core.release(msg)
             return None
         if isinstance(msg, p.PutAt):
             if len(msg.keys) > p.MAX_BATCH:
                 _log.warning("put_at of %d keys (limit %d) dropped", len(msg.keys), p.MAX_BATCH)
-                return None
-            core.put_at(msg, namespace)
-            return None
+                return _too_many(len(msg.keys)) if msg.ack else None
+            refused = core.put_at(msg, namespace)
+            return _acked(refused) if msg.ack else None
         if isinstance(msg, p.Reserve):
             slot = core.reserve(msg, namespace)
             return p.Fail(error=slot) if isinstance(slot, p.ErrorInfo) else slot
@@ -494,3 +509,18 @@ def _forbidden(cause: str) -> p.Fail:
 def _too_many(n: int) -> p.Fail:
     return p.Fail(error=p.ErrorInfo(code="too_large", cause=f"batch of {n} keys is too large",
                                     hint=f"send at most {p.MAX_BATCH} keys per request"))
+
+
+def _acked(refused: list[tuple[int, p.ErrorInfo]]) -> p.Acked | None:
+    """The answer naming the keys of a commit or report the master did not take (``None``
+    when it took them all: the answer is :class:`~kvctl.store.protocol.Ok` once durable)."""
+    if not refused:
+        return None
+    return p.Acked(refused=[i for i, _ in refused], errors=[e for _, e in refused])
+
+
+def _ignored(refused: list[tuple[int, p.ErrorInfo]]) -> None:
+    """A commit without ``ack`` gets no answer: log what it did not commit."""
+    if refused:
+        _log.warning("commit of %d put(s) not taken (first: %s); the client asked for no "
+                     "answer", len(refused), refused[0][1].cause)

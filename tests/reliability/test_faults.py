@@ -337,20 +337,20 @@ def test_store_master_on_etcd_survives_an_etcd_restart(
         store_cluster: Callable[..., StoreCluster],
         spawn_etcd: Callable[[], ServerProcess]) -> None:
     """etcd (the master's state) stops and comes back. An acknowledged write is durable, so
-    while etcd is down puts and removes fail at once (never a silent drop) and gets keep
-    being served; once etcd answers, writes work again, and a master restarted afterwards
-    finds exactly what was acknowledged."""
+    while etcd is down puts fail at once (never a silent drop) and gets keep being served;
+    once etcd answers, writes work again, every acknowledged put is in etcd the moment it
+    returns, and a master restarted afterwards finds exactly what was acknowledged. With
+    client reservations on (the default): their reports wait for etcd like commits."""
     etcd = spawn_etcd()
     cluster_id = f"rel-{secrets.token_hex(4)}"
     cluster = store_cluster({"KVCTL_CLUSTER_ID": cluster_id})
     cluster.start_master(state=etcd.url)
     cluster.start_nodes("a")
-    # Puts through the master (no client reservations: a reserved put's commit gets no
-    # reply yet, so its acknowledgement does not wait for etcd; see docs/reliability.md).
-    with StoreClient(cluster.address, reserve_bytes=0) as client, \
-            open_metadata(etcd.url) as meta:
+    prefix = f"kvctl/{cluster_id}/store/objects/"
+    with StoreClient(cluster.address) as client, open_metadata(etcd.url) as meta:
         wait_for(lambda: len(client.status().nodes) == 1, what="node")
         client.put("before", make_value("before", 1, 10_000))
+        assert prefix + "before" in meta.list(prefix)  # durable once put returned
         etcd.stop()
         started = time.monotonic()
 
@@ -374,17 +374,18 @@ def test_store_master_on_etcd_survives_an_etcd_restart(
 
         took = wait_for(writable, timeout_s=20, what="writes accepted again")
         print(f"\netcd restart: writes accepted {took:.1f} s after etcd was back")
-        prefix = f"kvctl/{cluster_id}/store/objects/"
-        # The commit that ends a put gets no reply yet (Commit.ack is not used by the
-        # client), so the last put reaches etcd just after it returns.
-        wait_for(lambda: {prefix + "before", prefix + "after"} <= set(meta.list(prefix)),
-                 timeout_s=10, what="the puts in etcd")
+        assert {prefix + "before", prefix + "after"} <= set(meta.list(prefix))
+        for i in range(20):  # each one in etcd the moment its put returns
+            client.put(f"more{i}", make_value(f"more{i}", 1, 4096 + i))
+            assert prefix + f"more{i}" in meta.list(prefix + f"more{i}")
     cluster.restart_master()
     with StoreClient(cluster.address) as client:
         wait_for(lambda: [n.alive for n in client.status().nodes] == [True], timeout_s=15,
                  what="node re-registered")
         assert client.get("before") == make_value("before", 1, 10_000)
         assert client.get("after") == make_value("after", 1, 10_001)
+        assert [decode_value(f"more{i}", client.get(f"more{i}")) for i in range(20)] == \
+            [1] * 20
 
 
 @pytest.mark.parametrize("kind", ["etcd", "redis"])

@@ -110,10 +110,12 @@ def test_a_silent_node_is_suspect_then_readopted_with_every_object() -> None:
     assert_no_overlap(core)
 
 
-def test_puts_reported_in_a_suspect_nodes_reservation_are_kept() -> None:
+def test_puts_reported_in_a_suspect_nodes_reservation_are_refused() -> None:
     """The stalled-node case of the reliability issue: a client's reservation puts land
-    while its node is silent past the timeout. They are installed, kept while the node is
-    suspect, and readable once it answers again (the old master dropped them)."""
+    while its only node is silent past the timeout. Their bytes would be unreadable, so
+    they are refused, each with why (the client puts them through the master, on live
+    nodes); nothing of them is visible (the first master dropped them silently after an
+    OK; the second installed them, unreadable until the node answered)."""
     clock = Clock()
     core = MasterCore(MasterConfig(reservation_share=0.25, node_timeout_s=3.0), clock=clock)
     node(core, "a", 1 << 20)
@@ -125,12 +127,20 @@ def test_puts_reported_in_a_suspect_nodes_reservation_are_kept() -> None:
     run(core, clock, 5, other)
     assert states(core)[nid] == "suspect"
     keys = [f"r{i}" for i in range(60)]
-    core.put_at(p.PutAt(reservation=grant.reservation, keys=keys, sizes=[100] * 60,
-                        checksums=list(range(60)), offsets=[128 * i for i in range(60)]))
-    assert core.exists(keys) == [True] * 60
+    refused = core.put_at(p.PutAt(reservation=grant.reservation, keys=keys, sizes=[100] * 60,
+                                  checksums=list(range(60)),
+                                  offsets=[128 * i for i in range(60)], ack=True))
+    assert [i for i, _ in refused] == list(range(60))
+    assert all(e.code == "unavailable" and f"{nid} (suspect)" in e.cause for _, e in refused)
+    assert core.exists(keys) == [False] * 60
+    # Back: the same reservation takes puts again, readable from its node.
     beat(core, nid)
+    assert core.put_at(p.PutAt(reservation=grant.reservation, keys=keys, sizes=[100] * 60,
+                               checksums=list(range(60)),
+                               offsets=[128 * i for i in range(60)], ack=True)) == []
     slots = core.get(p.Get(keys=keys, lease=False)).slots
     assert all(isinstance(s, p.GetSlot) and s.locations[0].node_id == nid for s in slots)
+    assert core.status().lost == 0
     assert_no_overlap(core)
 
 

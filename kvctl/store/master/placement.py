@@ -8,6 +8,8 @@ Rules (tests/store/test_master.py):
 - A put is *pending* until committed: invisible to ``exists``, not evictable; a pending
   put that is never committed is released after ``pending_ttl_s``.
 - A put of the same size and checksum as the stored object is skipped.
+- A put that can never fit (larger than ``replicas`` of the live nodes' whole memory) is
+  refused up front with the sizes, evicting nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import logging
 from kvctl.store import protocol as p
 from kvctl.store.master.base import MasterBase, err
 from kvctl.store.master.records import Node, Obj, Replica
+from kvctl.units import format_size
 
 _log = logging.getLogger("kvctl.store.master")
 
@@ -66,6 +69,14 @@ class PlacementMixin(MasterBase):
                        f"{replicas} replica(s) asked for {item.key!r}, "
                        f"{len(live)} live node(s)",
                        "start more storage nodes or ask for fewer replicas")
+        roomy = sum(1 for n in live if n.alloc.rounded(item.size) <= n.alloc.capacity_bytes)
+        if roomy < replicas:  # refused before anything is evicted for it
+            largest = max(n.alloc.capacity_bytes for n in live)
+            return err("full", f"{item.key!r} of {format_size(item.size)} can never fit: "
+                       f"{replicas} replica(s) need {replicas} node(s) at least that large, "
+                       f"and {roomy} of the {len(live)} live node(s) are (the largest holds "
+                       f"{format_size(largest)}); nothing was evicted",
+                       "store it in smaller parts, or add nodes with more memory")
         live.sort(key=lambda n: n.alloc.free_bytes, reverse=True)
         placed = self._place(live, item.size, replicas, now)
         if placed is None:
@@ -113,20 +124,41 @@ class PlacementMixin(MasterBase):
             del pending[key]
             self._release(obj, now)
 
-    def commit(self, msg: p.Commit) -> None:
-        """Make written puts visible (or release abandoned ones)."""
+    def commit(self, msg: p.Commit) -> list[tuple[int, p.ErrorInfo]]:
+        """Make written puts visible (or release abandoned ones); the index and reason of
+        each put not committed. A put whose allocation is gone (expired, its node dropped)
+        is not committed, nor one whose replicas are all on nodes not alive (suspect: its
+        bytes would be unreadable; it is released and the client puts again)."""
+        refused: list[tuple[int, p.ErrorInfo]] = []
         with self._cond:
             now = self._clock()
-            for key, version in zip(msg.keys, msg.versions, strict=False):
+            for i, (key, version) in enumerate(zip(msg.keys, msg.versions, strict=False)):
                 obj = self._pending.get(key)
                 if obj is None or obj.version != version:
+                    cur = self._index.get(key)
+                    if msg.ok and (cur is None or cur.version != version):
+                        refused.append((i, err(
+                            "unavailable", f"the put of {key!r} was not committed: its "
+                            "allocation is gone (no commit within "
+                            f"{self.config.pending_ttl_s:g} s, or its node was dropped)",
+                            "put it again")))
                     continue
                 del self._pending[key]
+                down = [r.node for r in obj.replicas if not r.node.alive]
+                if msg.ok and len(down) == len(obj.replicas):  # readable from none
+                    self._release(obj, now)
+                    refused.append((i, err(
+                        "busy", f"the put of {key!r} was not committed: node(s) "
+                        + ", ".join(f"{n.node_id} ({n.state})" for n in down)
+                        + " stopped answering heartbeats while it was written",
+                        "put it again (StoreClient retries, on live nodes)")))
+                    continue
                 if not msg.ok:
                     self._release(obj, now)
                     continue
                 obj.pending_until = 0.0
                 self._install(obj, now)
+        return refused
 
     def _install(self, obj: Obj, now: float) -> None:
         """Make a written object the current value of its key (lock held)."""

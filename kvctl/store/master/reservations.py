@@ -9,7 +9,9 @@ Rules (tests/store/test_reservations.py):
   and logged.
 - The rest is given back when the client ends it or after ``pending_ttl_s`` without use.
 - A suspect node stays in the reservations it is part of (puts reported there are kept
-  with its objects); a dropped node leaves them.
+  with its objects, read from the other nodes), but puts reported while no node of the
+  reservation is alive are refused (they would be unreadable: the client puts them
+  through the master, on live nodes); a dropped node leaves them.
 """
 
 from __future__ import annotations
@@ -78,44 +80,65 @@ class ReservationsMixin(MasterBase):
                 reservation=rid, alignment=align, ttl_s=self.config.pending_ttl_s,
                 locations=[p.Location(n.node_id, n.segment, off, size) for n, off in placed])
 
-    def put_at(self, msg: p.PutAt, namespace: str = "") -> None:
-        """Install objects a client wrote inside its reservation (see :class:`p.PutAt`).
-        An item outside the reservation's unused parts, or for a reservation that is gone
-        (ended, expired, its nodes dropped) or another namespace's, is dropped and logged:
-        nothing of it becomes visible."""
+    def put_at(self, msg: p.PutAt, namespace: str = "") -> list[tuple[int, p.ErrorInfo]]:
+        """Install objects a client wrote inside its reservation (see :class:`p.PutAt`); the
+        index and reason of each item not installed (logged too when the client asked for
+        no answer). Refused, and nothing of them visible: items for a reservation that is
+        gone (ended, expired, its nodes dropped) or another namespace's, outside its
+        unused parts, or while none of its nodes is alive (a suspect node's bytes are
+        unreadable: the client puts them again through the master, on live nodes)."""
+        keys = msg.keys
         with self._cond:
             now = self._clock()
             res = self._reservations.get(msg.reservation)
             if res is None or res.namespace != namespace:
-                if msg.keys:
+                if keys and not msg.ack:
                     _log.warning("%d put(s) for reservation %x dropped: it is gone (ended, "
                                  "unused past its TTL, or its nodes were dropped)",
-                                 len(msg.keys), msg.reservation)
-                return
+                                 len(keys), msg.reservation)
+                return _all(keys, err("unavailable", f"reservation {msg.reservation:x} is "
+                                      "gone (ended, unused past its TTL, or its nodes were "
+                                      "dropped)", "put through the master"))
             res.expires = now + self.config.pending_ttl_s
             res.seen += 1
             if msg.end:
                 res.expected = max(1, msg.count)
-            n = len(msg.keys)
-            if not len(msg.sizes) == len(msg.checksums) == len(msg.offsets) == n:
+            refused: list[tuple[int, p.ErrorInfo]] = []
+            down = [n for n in res.starts if not n.alive]
+            n = len(keys)
+            if len(down) == len(res.starts) and n:  # readable from none of its nodes
+                _log.warning("%d put(s) in reservation %x refused: node(s) %s not alive", n,
+                             res.rid, ", ".join(f"{d.node_id} ({d.state})" for d in down))
+                refused = _all(keys, err(
+                    "unavailable", f"reservation {res.rid:x} is on node(s) not answering "
+                    "heartbeats: " + ", ".join(f"{d.node_id} ({d.state})" for d in down),
+                    "put through the master (StoreClient does), on live nodes"))
+                n = 0
+            elif not len(msg.sizes) == len(msg.checksums) == len(msg.offsets) == n:
                 _log.warning("malformed put_at for reservation %x dropped", res.rid)
+                refused = _all(keys, err("bad_request", "put_at with lists of unequal length"))
                 n = 0
             for i in range(n):
-                key, size, csum, rel = msg.keys[i], msg.sizes[i], msg.checksums[i], msg.offsets[i]
+                key, size, csum, rel = keys[i], msg.sizes[i], msg.checksums[i], msg.offsets[i]
                 if p.check_key(key) is not None or size < 0 or not 0 <= csum < 1 << 64:
                     _log.warning("put_at of a bad key, size or checksum dropped")
+                    refused.append((i, err("bad_request", "bad key, size or checksum")))
                     continue
                 try:
                     res.free.reserve(rel, size)  # inside the unused parts, aligned
                 except (AllocatorInvariantError, ValueError):
                     _log.warning("put_at of %r at %d (+%d) is outside reservation %x's unused "
                                  "space; dropped", key, rel, size, res.rid)
+                    refused.append((i, err("bad_request", f"{key!r} at {rel} (+{size}) is "
+                                           f"outside reservation {res.rid:x}'s unused space",
+                                           "put through the master")))
                     continue
                 self._install(Obj(key, size, csum, next(self._versions), tuple(
                     Replica(node, start + rel) for node, start in res.starts.items()),
                     created=now), now)
             if res.expected and res.seen >= res.expected:
                 self._end_reservation(res)
+            return refused
 
     def _end_reservation(self, res: Reservation) -> None:
         """Give the unused parts of ``res`` back to its nodes (lock held)."""
@@ -138,3 +161,8 @@ class ReservationsMixin(MasterBase):
             _log.info("reservation %x unused for %.0f s; giving its space back", res.rid,
                       self.config.pending_ttl_s)
             self._end_reservation(res)
+
+
+def _all(keys: list[str], why: p.ErrorInfo) -> list[tuple[int, p.ErrorInfo]]:
+    """Every key of a report refused for the same reason."""
+    return [(i, why) for i in range(len(keys))]
