@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import math
 import os
 import re
@@ -95,11 +96,17 @@ class Output:
         # stay one row per line; COLUMNS still wins when set.
         width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
         self.console = Console(file=sys.stdout, highlight=False, soft_wrap=False, width=width)
-        self.err = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+        # stderr=True: resolved at each write, so it follows sys.stderr when kvctl.nativelog
+        # moves native output off fd 2 (and a test capture that replaces sys.stderr).
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
 
     def emit_json(self, kind: str, payload: Mapping[str, Any]) -> None:
         """Print one JSON document on stdout."""
-        sys.stdout.write(json.dumps(json_document(kind, payload), indent=2) + "\n")
+        self.write_json(json_document(kind, payload))
+
+    def write_json(self, document: Mapping[str, Any]) -> None:
+        """Print ``document`` as it is: a file format with its own envelope (a key manifest)."""
+        sys.stdout.write(json.dumps(to_jsonable(document), indent=2) + "\n")
         sys.stdout.flush()
 
     def print(self, *renderables: Any) -> None:
@@ -128,9 +135,22 @@ class Output:
         disable = self.quiet or self.json_mode or not self.err.is_terminal
         columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                    MofNCompleteColumn(), TimeElapsedColumn()]
+        before = sys.stderr
         with Progress(*columns, console=self.err, transient=True, disable=disable) as bar:
             bar.add_task(description, total=total)
-            yield bar
+            # Rich catches writes to sys.stderr and prints them above the bar; logging's
+            # handlers hold the stream they were made with, so point them there too, or a
+            # warning lands glued to the bar's line.
+            moved = [h for h in logging.getLogger().handlers
+                     if isinstance(h, logging.StreamHandler) and h.stream is before
+                     and sys.stderr is not before]
+            for handler in moved:
+                handler.setStream(sys.stderr)
+            try:
+                yield bar
+            finally:
+                for handler in moved:
+                    handler.setStream(before)
 
 
 def print_error(err: KvctlError) -> None:

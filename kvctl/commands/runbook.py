@@ -63,6 +63,9 @@ def runbook(
             if message.endswith(": running"):
                 bar.update(bar.task_ids[0], description=message)
                 return
+            if message.endswith(": done"):  # the count moves as each step finishes
+                bar.advance(bar.task_ids[0])
+                return
             out.debug(message)
 
         report = run_runbook(book, progress=progress, config_file=opts.config_file())

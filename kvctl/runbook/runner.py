@@ -71,5 +71,6 @@ def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = No
                 name = f"{step.name}: {row.check}" if row.check else step.name
                 results.append(dataclasses.replace(row, check=name, duration_s=elapsed))
             _log.info("%s finished in %.1f s", step.name, elapsed)
+            notify(f"{step.name}: done")
     passed = all(r.verdict is not Verdict.FAIL for r in results)
     return RunbookReport(runbook.name, tuple(results), passed, time.perf_counter() - started)
