@@ -298,7 +298,7 @@ class Agent:
                 changed = apply_changes(jobs, watch.wait(max(self.record.poll_s, 1.0)))
             except MetadataError as exc:
                 _log.warning("cannot follow jobs at %s: %s", self.client.url, exc.cause)
-                self._stop.wait(self.record.poll_s)
+                self._stop.wait(min(self.record.poll_s, 1.0))  # the watch retries meanwhile
                 continue
             if changed and not self._stop.is_set():  # a stopping agent starts nothing
                 self._sync(prefix, jobs)

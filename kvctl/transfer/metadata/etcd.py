@@ -329,6 +329,7 @@ class _EtcdWatch(QueueWatch):
         self._client = client
         self._conns: dict[str, http.client.HTTPConnection] = {}
         self._conns_lock = threading.Lock()
+        self._next: dict[str, int | None] = {}  # prefix -> the next revision it watches from
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._follow, args=(p,), daemon=True,
                                           name=f"kvctl-etcd-watch-{p}")
@@ -346,13 +347,13 @@ class _EtcdWatch(QueueWatch):
                     conn.sock.shutdown(socket.SHUT_RDWR)
 
     def _follow(self, prefix: str) -> None:
-        revision: int | None = None  # the next revision to watch from
         backoff = 0.2
         while not self._stop.is_set():
             try:
+                revision = self._next.get(prefix)  # where to watch from (None: snapshot)
                 if revision is None:
-                    revision = self._snapshot(prefix)
-                revision = self._stream(prefix, revision)
+                    revision = self._next[prefix] = self._snapshot(prefix)
+                self._next[prefix] = self._stream(prefix, revision)
                 backoff = 0.2
             except MetadataError as exc:
                 if self._stop.is_set():
@@ -432,6 +433,7 @@ class _EtcdWatch(QueueWatch):
                     break  # the rest of the message has not arrived yet
                 buffer = buffer[end:]
                 step = self._message(prefix, message, revision)
+                self._next[prefix] = step  # a stream that breaks next resumes from here
                 if step is None:
                     return None
                 revision = step
@@ -443,6 +445,13 @@ class _EtcdWatch(QueueWatch):
             error = message.get("error") if isinstance(message, dict) else message
             raise MetadataError(f"etcd {self._client.url} ended the watch of {prefix}: "
                                 f"{str(error)[:200]}", "the watch reopens on its own")
+        header_revision = int((result.get("header") or {}).get("revision", 0) or 0)
+        if result.get("created") and 0 < header_revision < revision - 1:
+            # etcd is behind what this watch saw: it lost its data (restarted empty), and
+            # would stay silent until it caught up with the old revision
+            _log.info("watch of %s restarts from a snapshot (etcd went back from revision "
+                      "%d to %d)", prefix, revision - 1, header_revision)
+            return None
         if result.get("canceled") or result.get("compact_revision"):
             _log.info("watch of %s restarts from a snapshot (%s)", prefix,
                       result.get("cancel_reason") or "history compacted")
