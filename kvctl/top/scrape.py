@@ -64,7 +64,7 @@ def parse(text: str, at: float) -> Scrape:
             for s in family.samples:
                 samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = float(s.value)
     except ValueError as exc:
-        raise ScrapeError(f"not Prometheus metrics: {exc}",
+        raise ScrapeError(f"not Prometheus metrics: {str(exc)[:120]!r}",
                           "point --metrics at a /metrics endpoint") from None
     return Scrape(at=at, samples=samples)
 
@@ -81,7 +81,11 @@ def fetch(url: str, *, timeout_s: float = 3.0) -> Scrape:
     except urllib.error.HTTPError as exc:
         raise ScrapeError(f"{url} answered HTTP {exc.code}",
                           "point --metrics at the server's /metrics endpoint") from None
-    except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
+    except http.client.HTTPException:  # its text may be the peer's binary greeting
+        raise ScrapeError(f"{url} did not answer in HTTP: not a metrics endpoint",
+                          "point --metrics at the server's --metrics-port, not its "
+                          "service port") from None
+    except (urllib.error.URLError, OSError) as exc:
         raise ScrapeError(f"cannot read metrics at {url}: {getattr(exc, 'reason', exc)}",
                           "check the address and that the server runs with --metrics-port"
                           ) from None

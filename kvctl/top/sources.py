@@ -151,6 +151,9 @@ class KvctlSource:
         if cur.scrape is None:
             notes.append("no metrics endpoint: for rates, latency and errors start the "
                          "master with --metrics-port PORT and pass --metrics HOST:PORT")
+        elif not cur.scrape.has("kvctl_store_operations_total"):
+            notes.append(f"{self.metrics_url} exports no kvctl_store metrics: is it this "
+                         "master's --metrics-port?")
         elif prev.scrape is not None and elapsed > 0:
             evictions = (st.evictions + st.ssd_evictions) - (
                 prev.status.evictions + prev.status.ssd_evictions)
