@@ -171,8 +171,9 @@ def shortfalls(rows: Sequence[ResultRow], *, expect_line_rate: float | None = No
 def baseline_invalid_reason(row: ResultRow) -> str:
     """Why a row's line rate cannot be judged against: the row went faster than it."""
     return (f"baseline below measured: baseline invalid ({row.throughput_gbytes_per_s:.3f} GB/s "
-            f"measured, line rate {row.line_rate_gbytes_per_s or 0.0:.3f} GB/s from "
-            f"{row.line_rate_source}); no line-rate verdict")
+            f"measured is {row.line_rate_fraction or 0.0:.0%} of line rate "
+            f"{row.line_rate_gbytes_per_s or 0.0:.3f} GB/s from {row.line_rate_source}); "
+            "no line-rate verdict")
 
 
 def raise_shortfalls(missed: Sequence[Shortfall]) -> None:

@@ -9,7 +9,10 @@ Per configuration:
 3. request latency: single requests of the same size, one at a time (unloaded latency);
 4. with ``verify``: every block of every thread's batch is filled with its own pattern
    (run id, block index, offset), written to the target, the local copy cleared, read back and
-   checked byte for byte; the first bad offset fails the run.
+   checked byte for byte; the first bad offset fails the run;
+5. the line rate, measured right then with this configuration's block size, batch size and
+   threads (:mod:`kvctl.bench.linerate`; cached for the other op of the same shape, measured
+   again once if the row beat it).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from kvctl.bench.engines.base import DriverPlan, EngineDriver, PathInfo
-from kvctl.bench.linerate import LineRate, LineRates
+from kvctl.bench.linerate import LineRate, LineRates, Shape
 from kvctl.bench.result import ResultRow
 from kvctl.bench.spec import Op, Sweep, SweepConfig
 from kvctl.bench.stats import summarize
@@ -181,8 +184,11 @@ class SweepRunner:
         batch_stats = summarize(timed.latencies_s)
         request_stats = summarize(request_samples)
         medium = info.medium or info.transport
-        line = self.line_rates.for_path(medium, loopback=info.loopback,
-                                        nic_rate=self.nic_rates.get(medium))
+        # measured now, with this row's shape, and again if the row beat it
+        line = self.line_rates.for_path(
+            medium, loopback=info.loopback, nic_rate=self.nic_rates.get(medium),
+            shape=Shape(config.block_size_bytes, config.batch_size, sweep.threads),
+            beaten_by=gbps)
         fraction = (gbps / line.gbytes_per_s if line is not None and line.gbytes_per_s > 0
                     else None)
         sizing = sweep.sizing

@@ -18,15 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from kvctl.bench.engines.base import driver_class, open_driver
-from kvctl.bench.engines.isolated import IsolatedJob, baselines_for, run_isolated
+from kvctl.bench.engines.isolated import IsolatedJob, run_isolated
 from kvctl.bench.linerate import LineRate, LineRates, nic_line_rate
 from kvctl.bench.report import BenchReport
 from kvctl.bench.result import ResultRow, shortfalls, with_ratios
 from kvctl.bench.runner import ProgressEvent, Skipped, SweepRunner, Tamper, new_run_id, plan_for
 from kvctl.bench.spec import Sweep
 from kvctl.errors import UnavailableError, UsageError
-from kvctl.net.advertise import host_of
-from kvctl.net.bind import is_loopback
 
 if TYPE_CHECKING:
     from kvctl.topo.model import Topology
@@ -92,15 +90,7 @@ def nic_rates_for(location: str, topology: Topology | None) -> dict[str, LineRat
     return rates
 
 
-def _loopback(options: RunOptions) -> bool:
-    """Whether the target is on this host over loopback (its baselines are loopback's); a
-    peer named by segment (``--metadata``) may be anywhere: its engine measures its own."""
-    if options.peer is None:
-        return True
-    return options.metadata is None and is_loopback(host_of(options.peer))
-
-
-def _run_isolated(name: str, sweep: Sweep, options: RunOptions, line_rates: LineRates,
+def _run_isolated(name: str, sweep: Sweep, options: RunOptions,
                   run_id: int, rows: list[ResultRow], skipped: list[Skipped], *,
                   on_progress: Callable[[ProgressEvent], None] | None,
                   on_row: Callable[[ResultRow], None] | None) -> None:
@@ -114,9 +104,8 @@ def _run_isolated(name: str, sweep: Sweep, options: RunOptions, line_rates: Line
         return
     plan = plan_for(sweep, timeout_s=options.timeout_s, peer=options.peer,
                     metadata=options.metadata, token=options.token)
-    baselines = baselines_for(cls, sweep, line_rates) if _loopback(options) else {}
     job = IsolatedJob(engine=name, sweep=sweep, plan=plan, nic_rates=dict(options.nic_rates),
-                      run_id=run_id, baselines=baselines)
+                      run_id=run_id)
     for event in run_isolated(job):
         if isinstance(event, ProgressEvent):
             if on_progress is not None:
@@ -154,7 +143,7 @@ def run_transfer_bench(
     first_unavailable: UnavailableError | None = None
     for name in options.engines:
         if driver_class(name).isolated and tamper is None:
-            _run_isolated(name, sweep, options, line_rates, run_id, rows, skipped,
+            _run_isolated(name, sweep, options, run_id, rows, skipped,
                           on_progress=on_progress, on_row=on_row)
             continue
         try:

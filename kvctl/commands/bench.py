@@ -235,6 +235,11 @@ def transfer(
     for skip in report.skipped:
         what = skip.engine + (f" over {skip.transport}" if skip.transport else "")
         out.warn(f"skipped {what}: {skip.reason}" + (f" ({skip.hint})" if skip.hint else ""))
+    invalid = [r.label() for r in report.rows if r.line_rate_valid is False]
+    if invalid:
+        out.warn(f"baseline below measured: baseline invalid for {len(invalid)} row(s) "
+                 f"({', '.join(invalid)}); they went faster than the line rate they were "
+                 "measured against, so no line-rate verdict is drawn from it")
     if plot is not None:
         path = plot_rows(report.rows, plot)
         out.info(f"Plot written to {path}")
@@ -337,6 +342,14 @@ def _verdict(report: BenchReport) -> dict[str, Any]:
     return {"ok": report.ok, "checks": checks}
 
 
+def _line_cell(row: ResultRow) -> str:
+    """``87%``; ``131% !`` when the row beat its line rate (the baseline is invalid)."""
+    if row.line_rate_fraction is None:
+        return "-"
+    return f"{row.line_rate_fraction * 100:.0f}%" + (" !" if row.line_rate_valid is False
+                                                     else "")
+
+
 def _render(out: Output, report: BenchReport) -> None:
     rows = report.rows
     several = len({r.engine for r in rows}) > 1
@@ -372,8 +385,7 @@ def _render(out: Output, report: BenchReport) -> None:
             _fmt(r.requests_per_s, ",.0f"),
             _fmt(r.batch_latency_p50_us / 1000, ".2f"), _fmt(r.batch_latency_p99_us / 1000, ".2f"),
             _fmt(r.request_latency_p50_us, ",.0f"),
-            _fmt(None if r.line_rate_fraction is None else r.line_rate_fraction * 100, ".0f")
-            + ("%" if r.line_rate_fraction is not None else ""),
+            _line_cell(r),
             str(r.errors),
         ]
         if verified:
@@ -392,6 +404,9 @@ def _render(out: Output, report: BenchReport) -> None:
                     if r.line_rate_source is not None and r.line_rate_gbytes_per_s is not None})
     for source, gbps in rates:
         out.print(f"[dim]line rate {source}: {gbps:.2f} GB/s ({gbps * 8:.1f} Gbit/s)[/dim]")
+    if any(r.line_rate_valid is False for r in rows):
+        out.print("[yellow]! baseline below measured: baseline invalid (the row beat the line "
+                  "rate measured with its shape, twice); no line-rate verdict for it[/yellow]")
     if report.sweep.sizing is not None:
         s = report.sweep.sizing
         out.print(f"Model {s.model}: {s.kv_bytes_per_token:,} KV bytes/token, "

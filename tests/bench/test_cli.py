@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from kvctl.bench import linerate
+from kvctl.bench.linerate import LineRate, Shape
 from kvctl.bench.result import OUTPUT_FIELDS, ROW_SCHEMA
 from kvctl.bench.target import BenchTarget, TargetSpec
 
@@ -50,8 +52,8 @@ def test_json_document_schema(kvctl: Callable[..., Any]) -> None:
         assert row["line_rate_valid"] is (row["line_rate_fraction"] <= 1.0)
         assert row["errors"] == 0
         assert row["verified"] is None
-    assert rows[0]["line_rate_source"] == "memcpy"
-    assert rows[2]["line_rate_source"].startswith("tcp-loopback")
+    assert rows[0]["line_rate_source"].startswith("memcpy 4 KiB x8")  # the row's own shape
+    assert rows[2]["line_rate_source"].startswith("tcp-loopback 4 KiB x8")
 
 
 def test_verify_jsonl_and_table(kvctl: Callable[..., Any]) -> None:
@@ -66,7 +68,7 @@ def test_verify_jsonl_and_table(kvctl: Callable[..., Any]) -> None:
     assert "GB/s = 10^9 B/s" in r.stdout
     assert "Gbit/s" in r.stdout
     assert "verify" in r.stdout
-    assert "line rate memcpy" in r.stdout
+    assert "line rate memcpy 4 KiB x8" in r.stdout
 
 
 def test_csv(kvctl: Callable[..., Any]) -> None:
@@ -97,6 +99,34 @@ def test_expectations_turn_the_run_into_a_check(kvctl: Callable[..., Any]) -> No
     assert doc["verdict"]["ok"] is False
     assert doc["verdict"]["shortfalls"][0]["label"] == "kvctl read tcp 4 KiB x8"
     assert "of line rate" in r.stderr
+
+
+def test_a_row_above_its_line_rate_says_the_baseline_is_invalid(
+        kvctl: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    readings: list[str] = []
+
+    def too_low(shape: Shape) -> LineRate:  # a baseline far below anything shm moves
+        readings.append(shape.label())
+        return LineRate(1e-6, f"memcpy {shape.label()}")
+
+    monkeypatch.setattr(linerate, "measure_memcpy", too_low)
+    r = kvctl("bench", "transfer", *QUICK, "-t", "shm", "--op", "both")
+    assert r.exit_code == 0, r.stderr  # no line-rate expectation: a warning, not a failure
+    assert readings == ["4 KiB x8", "4 KiB x8"]  # measured, then once more when beaten
+    assert "% !" in r.stdout
+    assert "baseline below measured: baseline invalid" in r.stdout
+    assert "baseline invalid for 2 row(s)" in r.stderr
+    assert "memcpy 4 KiB x8 (re-measured)" in r.stdout
+    r = kvctl("bench", "transfer", *QUICK, "-t", "shm", "--op", "write",
+              "--expect-line-rate", "0.5", "--json")
+    assert r.exit_code == 1  # it cannot pass a check it cannot be judged by
+    doc = r.json()
+    row = doc["rows"][0]
+    assert row["line_rate_valid"] is False
+    assert row["line_rate_fraction"] > 1
+    reason = doc["verdict"]["shortfalls"][0]["reason"]
+    assert reason.startswith("baseline below measured: baseline invalid")
+    assert "no line-rate verdict" in reason
 
 
 def test_old_gbps_names_still_work_with_a_warning(kvctl: Callable[..., Any],

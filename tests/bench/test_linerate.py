@@ -2,9 +2,13 @@
 
 from pathlib import Path
 
+import pytest
+
+from kvctl.bench import linerate
 from kvctl.bench.linerate import (
     LineRate,
     LineRates,
+    Shape,
     measure_memcpy,
     measure_tcp_loopback,
     nic_line_rate,
@@ -20,26 +24,68 @@ from kvctl.topo.rank import preferred_nics
 from tests.fixtures.sysfs import build_sysfs, h100_host
 
 
-def test_memcpy_and_tcp_loopback_measure_something() -> None:
-    memcpy = measure_memcpy(8 << 20, 0.05)
+def test_memcpy_and_tcp_loopback_measure_the_rows_shape() -> None:
+    shape = Shape(4096, 8)
+    memcpy = measure_memcpy(shape, rounds=2, round_s=0.01)
     assert memcpy.gbytes_per_s > 0.05
-    assert memcpy.source == "memcpy"
-    tcp = measure_tcp_loopback(0.05, streams=2, chunk_bytes=1 << 20)
+    assert memcpy.source == "memcpy 4 KiB x8"
+    two = measure_memcpy(Shape(4096, 8, threads=2), rounds=1, round_s=0.01)
+    assert two.source == "memcpy 4 KiB x8, 2 threads"
+    tcp = measure_tcp_loopback(Shape(65536, 4), streams=2, rounds=2, round_s=0.01)
     assert tcp.gbytes_per_s > 0.01
-    assert tcp.source == "tcp-loopback x2"
+    assert tcp.source == "tcp-loopback 64 KiB x4, 2 streams"
     assert tcp.gbits_per_s == tcp.gbytes_per_s * 8
+    # a batch that does not divide over the streams, and one bigger than the buffers
+    odd = measure_tcp_loopback(Shape(1000, 3), streams=4, rounds=1, round_s=0.01)
+    assert odd.gbytes_per_s > 0
 
 
-def test_path_kinds() -> None:
+def test_a_batch_larger_than_the_buffers_reuses_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(linerate, "MAX_BUFFER_BYTES", 64 << 10)
+    monkeypatch.setattr(linerate, "MAX_TCP_BUFFER_BYTES", 16 << 10)
+    shape = Shape(64 << 10, 4)  # 256 KiB per batch
+    assert measure_memcpy(shape, rounds=1, round_s=0.01).gbytes_per_s > 0
+    assert measure_tcp_loopback(shape, streams=2, rounds=1, round_s=0.01).gbytes_per_s > 0
+
+
+def test_path_kinds_and_one_baseline_per_shape() -> None:
     rates = LineRates()
+    small, large = Shape(4096, 8), Shape(65536, 8)
     nic = LineRate(25.0, "nic mlx5_0 (200 Gbit/s)")
-    assert rates.for_path("rdma", loopback=False, nic_rate=nic) is nic
-    assert rates.for_path("tcp", loopback=False, nic_rate=None) is None
-    assert rates.for_path("ucx", loopback=True) is None  # engine chose: unknown
-    shm = rates.for_path("shm", loopback=True)
+    assert rates.for_path("rdma", loopback=False, shape=small, nic_rate=nic) is nic
+    assert rates.for_path("tcp", loopback=False, shape=small, nic_rate=None) is None
+    assert rates.for_path("ucx", loopback=True, shape=small) is None  # engine chose: unknown
+    shm = rates.for_path("shm", loopback=True, shape=small)
     assert shm is not None
-    assert shm.source == "memcpy"
-    assert rates.for_path("shm", loopback=True) is shm  # cached per process
+    assert shm.source == "memcpy 4 KiB x8"
+    assert rates.for_path("shm", loopback=True, shape=small) is shm  # the other op reuses it
+    other = rates.for_path("shm", loopback=True, shape=large)
+    assert other is not None
+    assert other.source == "memcpy 64 KiB x8"  # another shape is measured on its own
+    tcp = rates.for_path("tcp", loopback=True, shape=small)
+    assert tcp is not None
+    assert tcp.source.startswith("tcp-loopback 4 KiB x8")
+
+
+def test_a_beaten_baseline_is_measured_once_more_and_the_better_kept() -> None:
+    rates = LineRates()
+    shape = Shape(4096, 8)
+    readings = iter([1.0, 1.5, 9.0])
+    calls: list[float] = []
+
+    def measure() -> LineRate:
+        value = next(readings)
+        calls.append(value)
+        return LineRate(value, "memcpy 4 KiB x8")
+
+    first = rates.measured("memcpy", shape, measure, beaten_by=0.5)
+    assert (first.gbytes_per_s, calls) == (1.0, [1.0])
+    again = rates.measured("memcpy", shape, measure, beaten_by=2.0)
+    assert again.gbytes_per_s == 1.5
+    assert again.source == "memcpy 4 KiB x8 (re-measured)"
+    still = rates.measured("memcpy", shape, measure, beaten_by=2.0)
+    assert still is again  # at most one re-measurement per shape
+    assert calls == [1.0, 1.5]
 
 
 def _topology(tmp_path: Path) -> Topology:

@@ -32,8 +32,8 @@ import traceback
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from kvctl.bench.engines.base import DriverPlan, EngineDriver, driver_class
-from kvctl.bench.engines.foreign import ForeignDriver, stdout_to_stderr
+from kvctl.bench.engines.base import DriverPlan, driver_class
+from kvctl.bench.engines.foreign import stdout_to_stderr
 from kvctl.bench.linerate import LineRate, LineRates
 from kvctl.bench.result import ResultRow
 from kvctl.bench.runner import ProgressEvent, Skipped, SweepRunner
@@ -64,7 +64,9 @@ class IsolatedJob:
         sweep / plan: as for an in-process driver.
         nic_rates: line rate of cross-host paths by medium.
         run_id: mixed into verification patterns (the same for every engine of a run).
-        baselines: baselines the parent measured, by kind (``memcpy``, ``tcp-loopback``).
+
+    The child measures its rows' line rates itself (:mod:`kvctl.bench.linerate`: with each
+    row's shape, right after it), on the same host as the parent.
     """
 
     engine: str
@@ -72,39 +74,6 @@ class IsolatedJob:
     plan: DriverPlan
     nic_rates: Mapping[str, LineRate]
     run_id: int
-    baselines: Mapping[str, LineRate] = dataclasses.field(default_factory=dict)
-
-
-class _GivenLineRates(LineRates):
-    """Line rates that use the parent's measurements where it made them."""
-
-    def __init__(self, given: Mapping[str, LineRate]) -> None:
-        super().__init__()
-        self._given = dict(given)
-
-    def memcpy(self) -> LineRate:
-        return self._given.get("memcpy") or super().memcpy()
-
-    def tcp_loopback(self) -> LineRate:
-        return self._given.get("tcp-loopback") or super().tcp_loopback()
-
-
-def baselines_for(cls: type[EngineDriver], sweep: Sweep, line_rates: LineRates
-                  ) -> dict[str, LineRate]:
-    """The loopback baselines an isolated ``cls`` will need for ``sweep`` (for a target on
-    this host), measured and cached in ``line_rates`` here."""
-    out: dict[str, LineRate] = {}
-    for transport in sweep.transports:
-        if issubclass(cls, ForeignDriver):
-            try:
-                cls.check_transport(transport, cross_host=False)
-            except UnavailableError:
-                continue
-        if transport == "shm":
-            out["memcpy"] = line_rates.memcpy()
-        elif transport in ("tcp", "auto"):
-            out["tcp-loopback"] = line_rates.tcp_loopback()
-    return out
 
 
 # --------------------------------------------------------------------------- child side
@@ -129,7 +98,7 @@ def _run(job: IsolatedJob, conn: multiprocessing.connection.Connection) -> None:
         except UnavailableError as exc:
             conn.send(Skipped(cls.name, None, exc.cause, exc.hint))
             return
-        runner = SweepRunner(driver, job.sweep, line_rates=_GivenLineRates(job.baselines),
+        runner = SweepRunner(driver, job.sweep, line_rates=LineRates(),
                              nic_rates=job.nic_rates, run_id=job.run_id, on_progress=conn.send)
         for row in runner.rows():
             conn.send(row)
