@@ -122,6 +122,8 @@ def test_full_journal_disk_loses_no_acknowledged_put_across_sigkill(
         acked, failed = put_until_refused(client, "k", count=160)
         assert 20 <= len(acked) < 160, (len(acked), len(failed))
         assert_clear(failed)
+        print(f"\nfull journal disk: {len(acked)} of 160 puts acknowledged, "
+              f"{len(failed)} refused with the cause")
         assert_readable(client, acked)
 
         cluster.restart_master()  # SIGKILL, then the same state on the full disk
@@ -212,6 +214,8 @@ def test_a_snapshot_on_a_full_disk_leaves_the_journal_working(small_disk: Path) 
                 refused += round_of_puts(version)
                 version += 1
             assert refused, "the disk never filled"
+            print(f"\nsnapshot on a full disk: {refused} puts refused over "
+                  f"{version - 6} rounds of {len(keys)} keys")
             assert journal.refusal() is not None
             for key in keys:
                 got = decode_value(key, client.get(key))
