@@ -163,6 +163,12 @@ class StoreClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def leader(self) -> str:
+        """The master that answered last: :attr:`master`, or the one of its addresses
+        that leads (``A:PORT,B:PORT``, see :class:`~kvctl.store.rpc.MasterSet`)."""
+        return self._pool.answering
+
     def register_buffer(self, buffer: Any) -> None:
         """Register a writable buffer (bytearray, mmap, numpy array) for zero-copy
         :meth:`get_into`/:meth:`batch_get_into`/:meth:`put_from` on views of it."""

@@ -74,7 +74,9 @@ class StorageNode:
     """Run one storage node until :meth:`close`.
 
     Args:
-        master: ``HOST:PORT`` of the master.
+        master: ``HOST:PORT`` of the master, or several (``A:PORT,B:PORT``: masters that
+            elect a leader on etcd; the node registers with whichever leads, again after
+            a takeover, within :data:`~kvctl.store.rpc.FAILOVER_S`).
         node_id: unique name of this node in the store.
         capacity_bytes: DRAM contributed, bytes.
         ssd_dir: SSD tier directory (``None``: no SSD tier).
@@ -103,6 +105,10 @@ class StorageNode:
             raise UsageError(f"unknown SSD policy {ssd_policy!r}",
                              "use write-through or write-back")
         self.master = master
+        from kvctl.store.rpc import MasterSet
+
+        self._masters = MasterSet(master)
+        master = self._masters.first  # the data path listens where it reaches this one
         self.node_id = node_id or f"node-{secrets.token_hex(3)}"
         self.epoch = secrets.token_hex(8)
         self.capacity_bytes = capacity_bytes
@@ -199,7 +205,8 @@ class StorageNode:
             return self._register_once()
 
     def _register_once(self) -> MasterConnection:
-        conn = MasterConnection(self.master, token=self._token)
+        conn = self._masters.connect(token=self._token,
+                                     timeout_s=max(CALL_TIMEOUT_S, 4 * self._heartbeat_s))
         try:
             reply = conn.call(p.RegisterNode(
                 node_id=self.node_id, epoch=self.epoch, segment=self.segment,
@@ -228,7 +235,7 @@ class StorageNode:
                 if conn is None:
                     conn = self._register()
                     self._conn = conn
-                    _log.info("node %s registered again with %s", self.node_id, self.master)
+                    _log.info("node %s registered again with %s", self.node_id, conn.address)
                 reply = conn.call(p.Heartbeat(node_id=self.node_id, epoch=self.epoch,
                                               reports=reports, wait_s=self._heartbeat_s))
                 reports = []
@@ -250,6 +257,7 @@ class StorageNode:
                              self.master, exc.cause)
                 if conn is not None:
                     conn.close()
+                    self._masters.failed(conn.address)
                 conn = None
                 self._stop.wait(min(self._heartbeat_s, 0.5))
         if conn is not None:
@@ -312,6 +320,11 @@ class StorageNode:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: Seconds a node waits at least for the master's answer (a heartbeat's long poll takes
+#: ``heartbeat_s``): past it, a stalled master is given up and the others are tried.
+CALL_TIMEOUT_S = 3.0
 
 
 def default_capacity_bytes() -> int:

@@ -336,6 +336,11 @@ class MasterSet:
         """The first master given (where a node's data path is chosen to reach)."""
         return self.addresses[0]
 
+    @property
+    def answering(self) -> str:
+        """The master that answered last (the first one before any did)."""
+        return self.addresses[self._last]
+
     def failed(self, address: str) -> None:
         """A call to ``address`` failed (it died, stalled or no longer leads): the next
         connection tries the other masters first."""
@@ -484,6 +489,11 @@ class MasterPool:
             self._mine.busy = False
         if self._closed:
             conn.close()
+
+    @property
+    def answering(self) -> str:
+        """The master that answered last (see :attr:`MasterSet.answering`)."""
+        return self._masters.answering
 
     def call(self, msg: msgspec.Struct) -> p.Reply:
         """One request/reply on a borrowed connection."""

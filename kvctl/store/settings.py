@@ -28,6 +28,8 @@ class StoreSettings:
             (copy to SSD only when evicted from DRAM).
         state: master state: ``none``, a directory (journal + snapshot) or a metadata URL
             such as ``etcd://127.0.0.1:2379`` (a standby master can take over).
+        ha_ttl: lease of the leader key, seconds, for masters on etcd state (they elect
+            one leader; a standby takes over about this long after the leader died).
         replicas: copies each put stores, on distinct nodes.
         transport: client data path: ``auto`` (shm on the same host, else tcp), ``shm``,
             ``tcp``.
@@ -53,6 +55,7 @@ class StoreSettings:
     ssd_capacity: int = dataclasses.field(default=64 << 30, metadata={"unit": "size"})
     ssd_policy: str = "write-through"
     state: str = "none"
+    ha_ttl: float = dataclasses.field(default=5.0, metadata={"unit": "duration"})
     replicas: int = 1
     transport: str = "auto"
     node_listen: str = ""
