@@ -166,3 +166,34 @@ def test_a_stalled_etcd_blocks_no_reads_and_bounds_new_puts(
                  what="node re-registered")
         assert client.batch_get(list(values)) == list(values.values())
         assert decode_value("after", client.get("after")) == 1
+
+
+def test_puts_to_a_stopped_master_fail_instead_of_returning(
+        store_cluster: Callable[..., StoreCluster]) -> None:
+    """The master is SIGSTOPped: a put (reservation or master path) waits for its answer and
+    fails within the client's timeout (before: it returned success in under 10 ms, and the
+    object was gone after a restart); after SIGCONT puts work again."""
+    cluster = store_cluster()
+    master = cluster.start_master()
+    cluster.start_nodes("a")
+    with StoreClient(cluster.address, timeout_s=2) as client:
+        wait_for(lambda: len(client.status().nodes) == 1, what="node")
+        client.put("warm", make_value("warm", 1, 4096))  # its reservation is granted
+        master.suspend()
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError):
+                client.put("during", make_value("during", 1, 4096))
+            assert time.monotonic() - started < 6
+        finally:
+            master.resume()
+
+        def writable() -> bool:
+            try:
+                client.put("after", make_value("after", 1, 4096))
+            except StoreUnavailableError:
+                return False
+            return True
+
+        wait_for(writable, timeout_s=20, what="puts after SIGCONT")
+        assert decode_value("after", client.get("after")) == 1

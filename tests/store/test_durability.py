@@ -263,3 +263,41 @@ def test_the_journal_syncs_before_an_acknowledgement_and_shares_syncs(
     keys = ["one", *(f"t{i}-{j}" for i in range(8) for j in range(20))]
     assert restarted.exists(keys) == [True] * len(keys)
     restarted.close()
+
+
+def test_a_tenants_answer_names_its_own_keys_by_their_index() -> None:
+    """A tenant's commit or report naming keys outside its namespace: those are refused as
+    ``forbidden`` by their index in the request it sent (the others are taken), so the
+    answer never points at the wrong key."""
+    from kvctl.store.tenants import parse_tenants
+
+    server = MasterServer(MasterCore(MasterConfig(node_timeout_s=1e6)), token="admin-0123",
+                          tenants=parse_tenants(["alpha=alpha-4567"]))
+    admin = MasterConnection(server.address, token="admin-0123")
+    alpha = MasterConnection(server.address, token="alpha-4567")
+    try:
+        assert isinstance(admin.call(p.RegisterNode(
+            node_id="a", epoch="E", segment="seg", endpoint="127.0.0.1:1", host_id="h",
+            capacity_bytes=1 << 26)), p.Ok)
+        reply = alpha.call(p.Put(items=[p.PutItem("alpha/k", 100, 1)]))
+        assert isinstance(reply, p.PutReply)
+        slot = reply.slots[0]
+        assert isinstance(slot, p.PutSlot)
+        answer = alpha.call(p.Commit(keys=["beta/x", "alpha/k", "other"],
+                                     versions=[1, slot.version, 2], ack=True))
+        assert isinstance(answer, p.Acked), answer
+        assert answer.refused == [0, 2]
+        assert {e.code for e in answer.errors} == {"forbidden"}
+        grant = alpha.call(p.Reserve(size=1 << 20))
+        assert isinstance(grant, p.Reservation)
+        answer = alpha.call(p.PutAt(reservation=grant.reservation, keys=["x", "alpha/r"],
+                                    sizes=[10, 10], checksums=[1, 2], offsets=[0, 4096],
+                                    ack=True))
+        assert isinstance(answer, p.Acked), answer
+        assert answer.refused == [0]
+        assert admin.call(p.Exists(keys=["alpha/k", "alpha/r", "x"])) == p.Bools(
+            values=[True, True, False])
+    finally:
+        alpha.close()
+        admin.close()
+        server.close()
