@@ -313,6 +313,9 @@ class EtcdMetadata(MetadataClient):
 #: Seconds a watch stream may stay silent before it is reopened (from the revision it
 #: reached, so nothing is missed): how long a watch can sit on a dead connection.
 WATCH_IDLE_S = 30.0
+#: Largest watch message read (etcd batches a revision's events: a 128-change transaction
+#: of values near etcd's 1.5 MiB request limit stays under it).
+WATCH_MESSAGE_MAX_CHARS = 256 << 20
 #: Longest wait between attempts to reopen a broken watch stream.
 WATCH_RETRY_MAX_S = 5.0
 
@@ -427,9 +430,18 @@ class _EtcdWatch(QueueWatch):
                 buffer = buffer.lstrip()
                 if not buffer:
                     break
+                if not buffer.startswith("{"):
+                    raise MetadataError(f"etcd {self._client.url} sent a watch answer that "
+                                        f"is not JSON: {buffer[:80]!r}",
+                                        "check that the URL points at an etcd v3 client port")
                 try:
                     message, end = decoder.raw_decode(buffer)
                 except ValueError:
+                    if len(buffer) > WATCH_MESSAGE_MAX_CHARS:
+                        raise MetadataError(
+                            f"etcd {self._client.url} sent a watch message over "
+                            f"{WATCH_MESSAGE_MAX_CHARS >> 20} MiB", "check the etcd server"
+                        ) from None
                     break  # the rest of the message has not arrived yet
                 buffer = buffer[end:]
                 step = self._message(prefix, message, revision)

@@ -4,6 +4,7 @@ order; pushed backends deliver within milliseconds, polled ones within their pol
 from __future__ import annotations
 
 import contextlib
+import http.server
 import threading
 import time
 from collections.abc import Callable
@@ -130,3 +131,41 @@ def test_an_etcd_watch_survives_a_restart(spawn_etcd: Callable[[], ServerProcess
             with contextlib.suppress(MetadataError):
                 apply_changes(state, watch.wait(0.5))
         assert state == {prefix + "before": b"1", prefix + "after": b"2"}
+
+
+class _HostileEtcd(http.server.BaseHTTPRequestHandler):
+    """Answers range reads like etcd, and every watch with an endless stream of junk."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/v3/watch":
+            body = b'{"header":{"revision":"5"},"kvs":[]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for _ in range(256):  # 1 MiB of it
+                self.wfile.write(b"1000\r\n" + b"x" * 0x1000 + b"\r\n")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_watch_stream_of_junk_is_an_error_not_a_hang() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HostileEtcd)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"etcd://127.0.0.1:{server.server_address[1]}"
+        with open_metadata(url, timeout_s=1.0) as client, client.watch("kvctl/") as watch:
+            assert drain(watch, bool) == [Snapshot("kvctl/", {})]
+            with pytest.raises(MetadataError, match="not JSON"):
+                _wait_long(watch, {}, 10.0)
+    finally:
+        server.shutdown()
+        server.server_close()
