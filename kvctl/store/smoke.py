@@ -306,8 +306,11 @@ def _eviction(run: _Run, client: StoreClient, *, budget_bytes: int = 256 * MiB) 
     status = client.status()
     capacity = status.capacity_bytes
     if capacity * 1.5 > budget_bytes:
-        raise _SkipError(f"store capacity {_fmt(capacity)} too large to fill within "
-                    f"{_fmt(budget_bytes)}; run against the embedded store")
+        most = budget_bytes * 2 // 3 // MiB * MiB
+        raise _SkipError(f"filling a {_fmt(capacity)} store past eviction takes writing "
+                         f"{_fmt(int(capacity * 1.5))}, over this check's {_fmt(budget_bytes)} "
+                         f"budget; run it against a store of at most {_fmt(most)} (or without "
+                         "--master: the embedded one)")
     size = 1 * MiB
     count = int(capacity * 1.5) // size
     keys = [run.key(f"evict-{i}") for i in range(count)]
