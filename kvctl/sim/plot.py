@@ -22,10 +22,41 @@ def _figure() -> Any:
     return Figure(figsize=(7, 4.5))
 
 
+#: Per routing, a colour family: the dark shade without the pool, the light one with it.
+_FAMILIES = {"random": ("#1f4e9c", "#5b9bd5"), "cache-aware": ("#a4470b", "#f0a030")}
+_OTHER = ("#444444", "#999999")
+
+
+def series_style(label: str, index: int) -> dict[str, Any]:
+    """How series ``label`` (the ``index``-th drawn) looks, so that series lying on top of
+    each other (with a pool every routing reaches the floor) all stay visible: routing picks
+    the colour family, the pool a lighter shade, a dashed line (dashes of two routings
+    interleave) and a hollow marker, and each later series a smaller marker drawn above the
+    earlier ones."""
+    pooled = "pool" in label
+    dark, light = _FAMILIES.get(label.split(" + ", maxsplit=1)[0], _OTHER)
+    color = light if pooled else dark
+    return {
+        "color": color,
+        "marker": "o" if label.startswith("random") else "s",
+        "markersize": max(4.0, 12.0 - 2.5 * index),
+        "markerfacecolor": "none" if pooled else color,
+        "markeredgewidth": 2.0 if pooled else 1.0,
+        # dashes of two pooled routings interleave where their lines coincide
+        "linestyle": (0 if label.startswith("random") else 4, (4, 4)) if pooled else "-",
+        "linewidth": 2.4 if pooled else 1.6,
+        "zorder": 3 + index,
+    }
+
+
 def plot_recompute(
     cells: Sequence[CellResult], floor: Floor, path: Path, *, title: str = ""
 ) -> Path:
     """Write a PNG: one line per routing x pool, recompute % against local blocks.
+
+    Every series stays visible where they coincide (see :func:`series_style`); a series
+    equal to another at every point says so in the legend, and the floor is a band
+    beneath them all.
 
     Raises:
         UnavailableError: matplotlib is not installed.
@@ -35,19 +66,30 @@ def plot_recompute(
     lines: dict[str, list[tuple[int, float]]] = {}
     for cell in cells:
         lines.setdefault(cell.label, []).append((cell.local_blocks, 100 * cell.recompute_fraction))
-    ax = fig.subplots()
-    for label, points in lines.items():
+    for points in lines.values():
         points.sort()
-        pooled = "pool" in label
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=label,
-                marker="s" if pooled else "o", linestyle="--" if pooled else "-")
-    ax.axhline(100 * floor.fraction, color="grey", linestyle="--",
-               label=f"floor {100 * floor.fraction:.1f}%")
+    ax = fig.subplots()
+    floor_pct = 100 * floor.fraction
+    ax.axhspan(0, floor_pct, color="#e5e5e5", zorder=0)
+    ax.axhline(floor_pct, color="#555555", linestyle=":", linewidth=1.2, zorder=1,
+               label=f"floor {floor_pct:.1f}% (no cache gets below)")
+    drawn: list[str] = []
+    for index, (label, points) in enumerate(lines.items()):
+        same = [d for d in drawn if lines[d] == points]
+        shown = label + (f" (= {same[0]})" if same else "")
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=shown,
+                **series_style(label, index))
+        drawn.append(label)
+    sizes = sorted({p[0] for points in lines.values() for p in points})
+    if len(sizes) > 1 and sizes[0] > 0 and sizes[-1] / sizes[0] >= 8:
+        ax.set_xscale("log", base=2)  # capacities are usually swept by doubling
+        ax.set_xticks(sizes, [f"{s:,}" for s in sizes])
+        ax.minorticks_off()
     ax.set_xlabel("local prefix cache per instance (blocks)")
     ax.set_ylabel("prefill tokens recomputed (%)")
     ax.set_ylim(0, 100)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     if title:
         ax.set_title(title)
     fig.tight_layout()
