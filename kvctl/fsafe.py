@@ -62,3 +62,32 @@ def create_private(directory: Path, prefix: str) -> tuple[int, Path]:
         except FileExistsError:
             continue
         return fd, path
+
+
+def write_private_atomically(path: Path, parts: list[bytes | memoryview], *,
+                             fsync: bool) -> None:
+    """Write ``parts`` to ``path`` as a ``0600`` file: a temporary name in the same
+    directory (:func:`create_private`), optionally ``fsync``, then ``rename`` over
+    ``path``, so a reader sees the whole file or none (where rename is atomic). The
+    temporary file is removed when anything fails.
+
+    Raises:
+        OSError: the file system failed (``ENOSPC``, ``EDQUOT``, ``EIO``...).
+    """
+    fd, tmp = create_private(path.parent, path.name)
+    try:
+        for part in parts:
+            view = memoryview(part)
+            while view.nbytes:
+                view = view[os.write(fd, view):]
+        if fsync:
+            os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        tmp.replace(path)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise

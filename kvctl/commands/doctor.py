@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -32,12 +33,20 @@ def env(
         typer.Option("--require", help="Component that must be usable (repeatable): exit 3 if "
                      "not. Names: nvml, rdma, cuda, mooncake, nixl, or a URL's scheme."),
     ] = None,
+    shared_tier: Annotated[
+        list[Path] | None,
+        typer.Option("--shared-tier", help="A store shared-tier directory to check "
+                     "(repeatable): rename atomicity, cross-host visibility through probe "
+                     "files, free space, mount type."),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Which optional parts are present and usable: NVML and driver, pyverbs and RDMA devices,
-    CUDA, the Mooncake and NIXL packages, metadata servers. Each missing part has a hint.
+    CUDA, the Mooncake and NIXL packages, metadata servers, store shared tiers. Each missing
+    part has a hint.
 
     Example: kvctl doctor env --metadata etcd://127.0.0.1:2379 --require mooncake
+    Example: kvctl doctor env --shared-tier /mnt/3fs/kvctl --require shared-tier-rename
     """
     opts = global_options(ctx)
     out = opts.output(json_mode=json_out)
@@ -46,7 +55,7 @@ def env(
         configured = opts.settings(CommonSettings).metadata
         if not configured.startswith("memory://"):
             urls.append(configured)
-    results = run_checks(default_checks(urls))
+    results = run_checks(default_checks(urls, shared_tier or ()))
     by_name = {r.name: r for r in results}
     required = list(dict.fromkeys(require or []))
     checks = [{"name": name, "status": "pass" if name in by_name and by_name[name].status

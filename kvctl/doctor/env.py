@@ -217,9 +217,11 @@ def check_metadata_url(url: str, name: str = "metadata") -> ComponentStatus:
     return ComponentStatus(name, Status.OK, f"{url}: reachable, {len(entries)} kvctl key(s)")
 
 
-def default_checks(metadata_urls: Sequence[str] = ()) -> list[Callable[[], ComponentStatus]]:
-    """The checks ``kvctl doctor env`` runs, in display order."""
-    checks: list[Callable[[], ComponentStatus]] = [
+def default_checks(metadata_urls: Sequence[str] = (), shared_tiers: Sequence[Path] = ()
+                   ) -> list[Callable[[], ComponentStatus | list[ComponentStatus]]]:
+    """The checks ``kvctl doctor env`` runs, in display order (``shared_tiers``: store
+    shared-tier directories, see :mod:`kvctl.store.sharedtier.doctor`)."""
+    checks: list[Callable[[], ComponentStatus | list[ComponentStatus]]] = [
         check_nvml,
         check_rdma,
         check_cuda,
@@ -235,16 +237,27 @@ def default_checks(metadata_urls: Sequence[str] = ()) -> list[Callable[[], Compo
     for url in metadata_urls:
         label = url.split("://", 1)[0] if "://" in url else "metadata"
         checks.append(functools.partial(check_metadata_url, url, label))
+    for root in shared_tiers:
+        checks.append(functools.partial(_shared_tier_checks, root))
     return checks
 
 
-def run_checks(checks: Sequence[Callable[[], ComponentStatus]]) -> list[ComponentStatus]:
-    """Run every check; a check that raises a kvctl error is reported, not propagated
-    (except a :class:`UsageError`: bad input such as a malformed URL, exit 2)."""
+def _shared_tier_checks(root: Path) -> list[ComponentStatus]:
+    from kvctl.store.sharedtier.doctor import checks
+
+    return checks(root)
+
+
+def run_checks(checks: Sequence[Callable[[], ComponentStatus | list[ComponentStatus]]]
+               ) -> list[ComponentStatus]:
+    """Run every check (one may report several components); a check that raises a kvctl
+    error is reported, not propagated (except a :class:`UsageError`: bad input such as a
+    malformed URL, exit 2)."""
     results: list[ComponentStatus] = []
     for check in checks:
         try:
-            results.append(check())
+            found = check()
+            results.extend(found if isinstance(found, list) else [found])
         except UsageError:
             raise
         except KvctlError as exc:

@@ -117,6 +117,9 @@ class GetSlot(Struct, frozen=True, tag="gs"):
     version: int
     locations: list[Location]
     pending: bool = False
+    #: the object's shared-tier file, as the master names it (empty: none); a client reads
+    #: it directly when no location is given or none could be read (kvctl.store.sharedtier)
+    shared: str = ""
 
 
 class ErrorInfo(Struct, frozen=True, tag="err"):
@@ -169,13 +172,48 @@ class StoreStatus(Struct, frozen=True):
     evict_ratio: float
     #: bytes held by clients' reservations (see :class:`Reserve`), included in used_bytes.
     reserved_bytes: int = 0
+    #: nodes dropped lately (state ``dropped``, ``last_heartbeat_s`` since they were last
+    #: heard from, ``dropped_why``), most recent last.
+    dropped: list[NodeStatus] = msgspec.field(default_factory=list)
+    #: the shared tier (``kvctl store master --shared-tier``), ``None`` without one.
+    shared: SharedTierStatus | None = None
+
+
+class SharedTierStatus(Struct, frozen=True):
+    """The shared tier's usage and health (see :mod:`kvctl.store.sharedtier`)."""
+
+    root: str
+    policy: str
+    used_bytes: int
+    capacity_bytes: int
+    files: int
+    max_files: int
+    #: objects evicted from the tier by its quota (least recently used first)
+    evictions: int = 0
+    #: files written / writes that failed
+    writes: int = 0
+    write_errors: int = 0
+    #: orphan files (named by no index entry) and evicted files deleted so far
+    purged: int = 0
+    #: files waiting to be deleted (evicted, removed, or found orphaned)
+    purge_backlog: int = 0
+    #: failures by errno name (ENOSPC, EDQUOT, ESTALE, EIO, other)
+    errors: dict[str, int] = msgspec.field(default_factory=dict)
+    #: ``ok`` or ``full`` (a write was refused for lack of space: writes paused a while)
+    state: str = "ok"
+    last_error: str = ""
+    #: the file system's free and total bytes (statvfs), -1 when unknown
+    fs_free_bytes: int = -1
+    fs_total_bytes: int = -1
+
 
 
 # ---- tasks the master hands to nodes --------------------------------------------------------
 
 
 class Task(Struct, frozen=True):
-    """A node job: ``persist`` (DRAM → SSD), ``load`` (SSD → DRAM) or ``drop`` (SSD file).
+    """A node job: ``persist`` (DRAM → SSD), ``load`` (SSD → DRAM), ``drop`` (SSD file) or
+    ``shared`` (DRAM → the shared tier's file ``path``).
 
     ``free_after`` on persist: the DRAM range is freed by the master when the job is done
     (write-back eviction).
@@ -189,6 +227,8 @@ class Task(Struct, frozen=True):
     size: int
     checksum: int
     free_after: bool = False
+    #: op ``shared``: the shared-tier file to write, as the master names it.
+    path: str = ""
 
 
 class TaskReport(Struct, frozen=True):

@@ -28,7 +28,7 @@ from pathlib import Path
 import xxhash
 
 from kvctl.errors import UsageError
-from kvctl.fsafe import create_private, private_dir
+from kvctl.fsafe import create_private, private_dir, write_private_atomically
 from kvctl.store.checksum import checksum
 from kvctl.store.errors import StoreError
 
@@ -85,22 +85,9 @@ class SsdTier:
             raise SsdStaleError(f"DRAM copy of {key!r} does not match its checksum",
                                   "the object was overwritten while being persisted")
         kb = key.encode()
-        final = self.path_for(key)
-        fd, tmp = create_private(self.directory, final.name)
-        try:
-            header = _HEADER.pack(_MAGIC, _FORMAT, len(kb), data.nbytes, expected_checksum,
-                                  version)
-            _write_all(fd, header + kb)
-            _write_all(fd, data)
-            if self.fsync:
-                os.fsync(fd)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
-        os.close(fd)
-        tmp.replace(final)
+        header = _HEADER.pack(_MAGIC, _FORMAT, len(kb), data.nbytes, expected_checksum,
+                              version)
+        write_private_atomically(self.path_for(key), [header + kb, data], fsync=self.fsync)
 
     def read_into(self, key: str, dest: memoryview, expected_checksum: int) -> None:
         """Fill ``dest`` (exactly the object's size) with the verified SSD copy.
@@ -160,10 +147,3 @@ class SsdTier:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return count
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view.nbytes:
-        n = os.write(fd, view)
-        view = view[n:]

@@ -35,6 +35,8 @@ class ObjectRecord(msgspec.Struct, array_like=True, frozen=True, tag="obj"):
     pinned: bool = False
     #: per SSD copy, the node's epoch when it was written (same order as ``ssd_replicas``).
     ssd_epochs: list[str] = msgspec.field(default_factory=list)
+    #: a shared-tier copy (``Obj.shared``: 0 none, 1 its own file).
+    shared: int = 0
 
 
 class NodeRecord(msgspec.Struct, array_like=True, frozen=True, tag="node"):

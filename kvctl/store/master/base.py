@@ -104,6 +104,23 @@ class MasterBase:
             del node.ssd_lru[obj.key]
             node.ssd_used_bytes -= obj.size
 
+    def _write_back_done(self, obj: Obj, node: Node, now: float) -> bool:
+        """A write-back copy of ``obj`` from ``node`` (SSD or shared tier) landed or failed:
+        free its DRAM replica there, unless it was read meanwhile (then it is evictable
+        again); ``True`` when freed (the object's record is written then)."""
+        if obj.evicting is None or obj.evicting.pop(node, None) is None:
+            return False
+        if not obj.evicting:
+            obj.evicting = None
+        rep = obj.replica_on(node)
+        if rep is None:
+            return False
+        if obj.leased(now):
+            self._lru_add(node, obj)
+            return False
+        self._free_replica(obj, rep, now)
+        return True
+
     # ------------------------------------------------------------------ state
 
     def _persist(self, obj: Obj) -> None:
@@ -113,7 +130,11 @@ class MasterBase:
 
     def _forget(self, obj: Obj, why: str, *, lost: bool = False) -> None:
         """``obj`` has no copy left: it leaves the index (if still current) and the state;
-        a get of its key answers "evicted (why)"."""
+        a get of its key answers "evicted (why)". An object with a shared-tier copy keeps
+        it and stays."""
+        if obj.shared and self._index.holds(obj):
+            self._persist(obj)
+            return
         if not self._index.discard(obj):
             return
         if lost:
@@ -169,4 +190,28 @@ class MasterBase:
         raise NotImplementedError
 
     def _apply_report(self, node: Node, report: p.TaskReport) -> None:
+        raise NotImplementedError
+
+    # shared tier (kvctl.store.sharedtier.mixin)
+
+    def _shared_write_back(self, obj: Obj, node: Node, rep: Replica, now: float) -> bool:
+        raise NotImplementedError
+
+    def _shared_write_through(self, obj: Obj, now: float) -> None:
+        raise NotImplementedError
+
+    def _shared_persisted(self, node: Node, task: p.Task, report: p.TaskReport,
+                          obj: Obj | None, now: float) -> None:
+        raise NotImplementedError
+
+    def _shared_drop(self, obj: Obj, now: float) -> None:
+        raise NotImplementedError
+
+    def _shared_name(self, obj: Obj) -> str:
+        raise NotImplementedError
+
+    def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:
+        raise NotImplementedError
+
+    def _shared_status(self) -> p.SharedTierStatus | None:
         raise NotImplementedError

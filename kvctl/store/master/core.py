@@ -35,21 +35,25 @@ from kvctl.store.master.queries import QueriesMixin
 from kvctl.store.master.reservations import ReservationsMixin
 from kvctl.store.master.restore import restore
 from kvctl.store.master.ssdtasks import SsdTasksMixin
+from kvctl.store.sharedtier.config import SharedTierConfig
+from kvctl.store.sharedtier.mixin import SharedTierMixin
 from kvctl.store.state import NoState, Snapshot, StateBackend
 
 
 class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin,
-                 SsdTasksMixin, QueriesMixin):
+                 SsdTasksMixin, QueriesMixin, SharedTierMixin):
     """Master state machine. Thread-safe: every method takes the one lock.
 
     Args:
         config: policy knobs.
         state: persistence backend (its records are replayed here on start).
         clock: monotonic seconds (tests pass a fake).
+        shared_tier: a shared tier (a directory every node and client sees), or ``None``.
     """
 
     def __init__(self, config: MasterConfig | None = None, state: StateBackend | None = None,
-                 *, clock: Callable[[], float] = time.monotonic) -> None:
+                 *, clock: Callable[[], float] = time.monotonic,
+                 shared_tier: SharedTierConfig | None = None) -> None:
         self.config = config or MasterConfig()
         self.config.check()
         self.state = state or NoState()
@@ -76,7 +80,9 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
         self.evictions = 0
         self.ssd_evictions = 0
         self.lost = 0
+        self._shared_setup(shared_tier)
         max_version = restore(self)
+        self._shared_restored()
         self._versions = itertools.count(max_version + 1)
         # The clock of liveness starts now that the restore is done: restored nodes get
         # their whole timeout and grace from here.
@@ -109,6 +115,7 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
                 if snap is not None:
                     self._snapshot = SnapshotJob(self, snap)
                     self._schedule(self._snapshot)
+        self._shared_housekeeping()  # file deletes and the purge sweep, off the lock
         return self._run_jobs(budget_s)
 
     def _run_jobs(self, budget_s: float | None) -> bool:

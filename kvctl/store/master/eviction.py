@@ -113,6 +113,8 @@ class EvictionMixin(MasterBase):
         if rep is None or not self._index.holds(obj):
             return
         self.evictions += 1
+        if self._shared_write_back(obj, node, rep, now):
+            return  # written to the shared tier first, freed when that lands
         if node.ssd_policy == "write-back" and node not in obj.ssd and not (
                 obj.evicting and node in obj.evicting) and not node.offload_paused(now):
             task = self._task(node, "persist", obj, rep.offset, free_after=True)
@@ -128,7 +130,7 @@ class EvictionMixin(MasterBase):
         self._set_replicas(obj, tuple(r for r in obj.replicas if r is not rep))
         self._lru_remove(node, obj)
         self._free_space(node, rep.offset, obj.size, obj, now)
-        if obj.replicas or obj.ssd:
+        if obj.replicas or obj.ssd or obj.shared:
             self._persist(obj)
             return
         self._forget(obj, "evicted from DRAM with no SSD copy")
@@ -164,3 +166,4 @@ class EvictionMixin(MasterBase):
             self._ssd_lru_remove(node, obj)
             self._task(node, "drop", obj, 0)
         self._set_ssd(obj, ())
+        self._shared_drop(obj, now)

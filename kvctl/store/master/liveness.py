@@ -231,7 +231,7 @@ class LivenessMixin(MasterBase):
         self._index.set_copies(obj, replicas=replicas, ssd=ssd)
         if not self._index.holds(obj):
             return 0
-        if replicas or ssd:
+        if replicas or ssd or obj.shared:
             self._persist(obj)
             return 0
         self._forget(obj, why, lost=True)

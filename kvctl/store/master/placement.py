@@ -174,4 +174,5 @@ class PlacementMixin(MasterBase):
             self._lru_add(node, obj)
             if node.ssd_policy == "write-through" and not node.offload_paused(now):
                 self._task(node, "persist", obj, rep.offset)
+        self._shared_write_through(obj, now)
         self.state.put_object(obj.record())

@@ -34,6 +34,9 @@ class QueriesMixin(MasterBase):
             if bad is not None:
                 return bad
         now = self._clock()
+        if obj is not None and obj.shared and not any(r.node.alive for r in obj.replicas) and (
+                not any(n.alive for n in obj.ssd)):
+            return self._shared_get(obj, lease, now)  # the client reads the file itself
         if obj is not None and not any(r.node.alive for r in obj.replicas) and any(
                 n.alive for n in obj.ssd):
             loaded = self._load_from_ssd(obj)
@@ -59,7 +62,7 @@ class QueriesMixin(MasterBase):
                 del lru[key]
                 lru[key] = obj
         return p.GetSlot(key=key, size=obj.size, checksum=obj.checksum, version=obj.version,
-                         locations=locations)
+                         locations=locations, shared=self._shared_name(obj))
 
     def _unreachable(self, obj: Obj) -> p.ErrorInfo:
         where = ", ".join(f"{r.node.node_id} ({r.node.state})" for r in obj.replicas)
@@ -159,6 +162,7 @@ class QueriesMixin(MasterBase):
                 last_heartbeat_s=seen_now - n.last_seen, ssd_state=n.ssd_state,
                 ssd_error=n.ssd_error, state=n.state) for n in self._nodes.values()]
             return p.StoreStatus(
+                shared=self._shared_status(),
                 nodes=nodes, objects=len(self._index),
                 capacity_bytes=sum(n.capacity_bytes for n in nodes if n.alive),
                 used_bytes=sum(n.used_bytes for n in nodes if n.alive),

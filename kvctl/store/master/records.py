@@ -129,6 +129,9 @@ class Obj(msgspec.Struct, gc=False):
     evicting: dict[Node, int] | None = None
     #: node -> task id of a running SSD → DRAM load.
     loading: dict[Node, int] | None = None
+    #: a copy in the shared tier: 0 none, 1 its own file (named by key and version, see
+    #: kvctl.store.sharedtier.fileformat)
+    shared: int = 0
 
     def record(self) -> ObjectRecord:
         """What the state backend keeps (copies on dropped nodes left out)."""
@@ -137,7 +140,7 @@ class Obj(msgspec.Struct, gc=False):
             self.key, self.size, self.checksum, self.version,
             [ReplicaRecord(r.node.node_id, r.offset, self.size, r.node.epoch)
              for r in self.replicas if not r.node.dropped],
-            [n.node_id for n in ssd], self.pinned, [n.epoch for n in ssd])
+            [n.node_id for n in ssd], self.pinned, [n.epoch for n in ssd], self.shared)
 
     def replica_on(self, node: Node) -> Replica | None:
         for rep in self.replicas:
@@ -150,9 +153,10 @@ class Obj(msgspec.Struct, gc=False):
 
     @property
     def tier(self) -> str:
-        if self.replicas and self.ssd:
-            return "dram+ssd"
-        return "dram" if self.replicas else "ssd"
+        """``dram``, ``ssd``, ``shared`` or their combination (``dram+ssd``, ``dram+shared``)."""
+        parts = [name for name, held in (("dram", self.replicas), ("ssd", self.ssd),
+                                          ("shared", self.shared)) if held]
+        return "+".join(parts) or "ssd"
 
 
 def _node_id(node: Node) -> str:

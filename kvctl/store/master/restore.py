@@ -65,7 +65,7 @@ def restore(core: MasterBase) -> int:
     del ranges, owners
     kept: list[Obj] = []
     for obj in objects.values():
-        if not obj.replicas and not obj.ssd:
+        if not obj.replicas and not obj.ssd and not obj.shared:
             continue
         kept.append(obj)
         for rep in obj.replicas:
@@ -97,4 +97,4 @@ def _object(rec: ObjectRecord, nodes: dict[str, Node], now: float) -> Obj:
         if node is not None and (not epoch or epoch == node.epoch) and node not in ssd:
             ssd.append(node)
     return Obj(rec.key, rec.size, rec.checksum, rec.version, tuple(replicas), tuple(ssd),
-               created=now, pinned=rec.pinned)
+               created=now, pinned=rec.pinned, shared=rec.shared)

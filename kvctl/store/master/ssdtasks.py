@@ -52,6 +52,8 @@ class SsdTasksMixin(MasterBase):
         elif task.op == "load":
             self._loaded(node, task, report, obj)
             self._cond.notify_all()
+        elif task.op == "shared":
+            self._shared_persisted(node, task, report, obj, now)
 
     def _persisted(self, node: Node, task: p.Task, report: p.TaskReport, obj: Obj | None,
                    now: float) -> None:
@@ -73,16 +75,8 @@ class SsdTasksMixin(MasterBase):
         else:
             _log.warning("node %s could not persist %r: %s", node.node_id, obj.key,
                          report.error)
-        if task.free_after and obj.evicting is not None and (
-                obj.evicting.pop(node, None) is not None):
-            if not obj.evicting:
-                obj.evicting = None
-            rep = obj.replica_on(node)
-            if rep is not None:
-                if obj.leased(now):  # read meanwhile: keep it, evictable again
-                    self._lru_add(node, obj)
-                else:
-                    self._free_replica(obj, rep, now)
+        if task.free_after:
+            self._write_back_done(obj, node, now)
         self._persist(obj)
 
     def _loaded(self, node: Node, task: p.Task, report: p.TaskReport, obj: Obj | None

@@ -1,0 +1,250 @@
+"""The shared tier's tables, and the master's file-system work on it: deleting files that
+left the index and a bounded purge sweep for files no index names.
+
+Everything here that touches the file system runs **without** the master's lock: the
+master takes the lock only to pick what is due and to ask its index whether a file is
+still named, a batch at a time.
+
+The sweep walks the tier's 256 subdirectories ``sweep_batch`` entries per housekeeping
+pass (the master's tick, every 0.1 s), starting a new walk ``sweep_interval_s`` after the
+last one began. A file is an orphan when the index does not name its key at its version
+with a shared copy (a master killed between a node's rename and its journal write, a lost
+index, a write whose object went meanwhile) and it is older than ``orphan_grace_s`` (a
+write whose report is on its way is not one); a temporary file older than that is a write
+that died. Files without a valid header are orphans too. Both are deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvctl.store import protocol as p
+from kvctl.store.master.records import Node, Obj
+from kvctl.store.sharedtier.config import SharedTierConfig
+from kvctl.store.sharedtier.fileformat import (
+    COUNTED_ERRNOS,
+    NAME_RE,
+    errno_name,
+    file_bytes,
+    read_header,
+)
+
+if TYPE_CHECKING:
+    from kvctl.store.sharedtier.mixin import SharedTierMixin
+
+_log = logging.getLogger("kvctl.store.sharedtier")
+
+#: Most deletes one housekeeping pass makes.
+UNLINK_BATCH = 512
+#: Seconds between two ``statvfs`` of the tier.
+STATVFS_EVERY_S = 5.0
+
+
+class SharedState:
+    """The shared tier's tables (the master's lock guards them)."""
+
+    def __init__(self, config: SharedTierConfig) -> None:
+        self.config = config
+        #: objects with a shared copy, least recently used first (a plain dict, as the
+        #: nodes' LRU maps: strings and gc=False records only).
+        self.lru: dict[str, Obj] = {}
+        self.used_bytes = 0
+        self.files = 0
+        self.writes = 0
+        self.write_errors = 0
+        self.evictions = 0
+        self.purged = 0
+        #: write-through copies skipped (too many queued on the node)
+        self.skipped = 0
+        self.errors: dict[str, int] = dict.fromkeys((*COUNTED_ERRNOS, "other"), 0)
+        self.last_error = ""
+        self.full_until = 0.0
+        #: write-through copies queued or running per node: (count, bytes)
+        self.queued: dict[Node, tuple[int, int]] = {}
+        #: key -> (object, node, task id) of its write-through copy in flight
+        self.writing: dict[str, tuple[Obj, Node, int]] = {}
+        #: heap of (due, seq, path): files to delete once due (after a lease)
+        self._unlinks: list[tuple[float, int, str]] = []
+        self._seq = itertools.count()
+        self.fs_free_bytes = -1
+        self.fs_total_bytes = -1
+        # file-system side (housekeeping thread only)
+        self.busy = threading.Lock()
+        self.walk: Iterator[os.DirEntry[str]] | None = None
+        self.next_sweep = 0.0
+        self.next_statvfs = 0.0
+        self.orphans_found = 0
+
+    # ---- index side (lock held)
+
+    def track(self, obj: Obj, nbytes: int) -> None:
+        self.lru[obj.key] = obj
+        self.used_bytes += nbytes
+        self.files += 1
+
+    def untrack(self, obj: Obj, nbytes: int) -> None:
+        if self.lru.get(obj.key) is obj:
+            del self.lru[obj.key]
+        self.used_bytes -= nbytes
+        self.files -= 1
+
+    def fits(self, obj: Obj) -> bool:
+        return file_bytes(obj.key, obj.size) <= self.config.capacity_bytes
+
+    def paused(self, now: float) -> bool:
+        """Writes are paused: the file system refused one for lack of space lately."""
+        return now < self.full_until
+
+    def over_quota(self) -> bool:
+        return (self.used_bytes > self.config.capacity_bytes
+                or self.files > self.config.max_files)
+
+    def oldest(self, newest: Obj) -> Obj | None:
+        for obj in self.lru.values():
+            if obj is not newest:
+                return obj
+        return None
+
+    def note_write(self, report: p.TaskReport, now: float) -> None:
+        if report.ok:
+            self.writes += 1
+            self.full_until = 0.0
+            return
+        self.write_errors += 1
+        self.count_error(report.error.split(":", 1)[0], report.error)
+        if report.full:
+            if not self.paused(now):
+                _log.warning("shared tier full (%s): writes paused for %.0f s", report.error,
+                             self.config.full_retry_s)
+            self.full_until = now + self.config.full_retry_s
+
+    def count_error(self, name: str, text: str) -> None:
+        key = name if name in COUNTED_ERRNOS else "other"
+        self.errors[key] = self.errors.get(key, 0) + 1
+        self.last_error = text
+
+    def unlink_later(self, path: str, due: float) -> None:
+        heapq.heappush(self._unlinks, (due, next(self._seq), path))
+
+    def take_due(self, now: float, limit: int) -> list[str]:
+        out: list[str] = []
+        heap = self._unlinks
+        while heap and heap[0][0] <= now and len(out) < limit:
+            out.append(heapq.heappop(heap)[2])
+        return out
+
+    def backlog(self) -> int:
+        """Files waiting to be deleted."""
+        return len(self._unlinks)
+
+
+def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
+    """One pass: due deletes, a slice of the sweep, now and then a ``statvfs``."""
+    if not st.busy.acquire(blocking=False):
+        return  # another thread is at it
+    try:
+        with core._lock:
+            due = st.take_due(core._clock(), UNLINK_BATCH)
+        deleted, failures = _unlink_all(due)
+        wall = time.monotonic()
+        orphans: list[str] = []
+        if st.walk is not None or wall >= st.next_sweep:
+            orphans = _sweep_slice(core, st, wall)
+        purged, more_failures = _unlink_all(orphans)
+        if wall >= st.next_statvfs:
+            st.next_statvfs = wall + STATVFS_EVERY_S
+            try:
+                vfs = os.statvfs(st.config.root)
+                free, total = vfs.f_bavail * vfs.f_frsize, vfs.f_blocks * vfs.f_frsize
+            except OSError as exc:
+                more_failures.append((errno_name(exc), f"statvfs {st.config.root}: {exc}"))
+                free = total = -1
+        else:
+            free, total = st.fs_free_bytes, st.fs_total_bytes
+        with core._lock:
+            st.purged += deleted + purged
+            st.orphans_found += len(orphans)
+            st.fs_free_bytes, st.fs_total_bytes = free, total
+            for name, text in (*failures, *more_failures):
+                st.count_error(name, text)
+        if orphans:
+            _log.info("shared tier: purged %d orphan files", purged)
+    finally:
+        st.busy.release()
+
+
+def _unlink_all(paths: list[str]) -> tuple[int, list[tuple[str, str]]]:
+    done = 0
+    failures: list[tuple[str, str]] = []
+    for path in paths:
+        try:
+            Path(path).unlink()
+            done += 1
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            failures.append((errno_name(exc), f"delete {path}: {exc.strerror or exc}"))
+    return done, failures
+
+
+def _walk(root: str) -> Iterator[os.DirEntry[str]]:
+    """Every entry of the tier's subdirectories (``xx/``), lazily."""
+    with os.scandir(root) as top:
+        subdirs = sorted(e.path for e in top if len(e.name) == 2 and e.is_dir(
+            follow_symlinks=False))
+    for sub in subdirs:
+        with contextlib.suppress(FileNotFoundError), os.scandir(sub) as entries:
+            yield from entries
+
+
+def _sweep_slice(core: SharedTierMixin, st: SharedState, wall: float) -> list[str]:
+    """Examine up to ``sweep_batch`` entries; the orphans among them (lock taken once)."""
+    cfg = st.config
+    if st.walk is None:
+        st.walk = _walk(str(cfg.root))
+        st.next_sweep = wall + cfg.sweep_interval_s
+    now = time.time()
+    orphans: list[str] = []
+    named: list[tuple[str, str, int]] = []
+    try:
+        for _ in range(cfg.sweep_batch):
+            entry = next(st.walk, None)
+            if entry is None:
+                st.walk = None
+                break
+            try:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+            except FileNotFoundError:
+                continue
+            if age < cfg.orphan_grace_s:
+                continue
+            name = entry.name
+            if name.startswith(".") and name.endswith(".tmp"):
+                orphans.append(entry.path)  # a write that died before its rename
+                continue
+            match = NAME_RE.match(name)
+            if match is None:
+                continue  # not ours: left alone
+            header = read_header(entry.path)
+            if header is None or header[1] != int(match.group(2), 16):
+                orphans.append(entry.path)
+                continue
+            named.append((entry.path, header[0], header[1]))
+    except OSError as exc:  # the directory went stale under us: start again next time
+        st.walk = None
+        with core._lock:
+            st.count_error(errno_name(exc), f"sweep of {cfg.root}: {exc.strerror or exc}")
+    if named:
+        with core._lock:
+            orphans.extend(path for path, key, version in named
+                           if not core._shared_current(key, version))
+    return orphans

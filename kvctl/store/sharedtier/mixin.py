@@ -1,0 +1,239 @@
+"""The master's side of the shared tier: what is in it, who writes it, what leaves it.
+
+Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
+
+- Write-back: an object DRAM evicts is first written to the shared tier by the node that
+  holds it (a ``shared`` task on its heartbeat), then its DRAM is freed. Write-through
+  (policy ``write-through``): each installed object is also copied soon after its put,
+  by one of its replica nodes, never on the put's path; at most
+  ``max_queued_writes`` such copies wait per node (more are skipped and counted).
+- The index records a copy as ``Obj.shared`` only once its writer reported the file
+  renamed into place; the file's name follows from the key and version
+  (:func:`~kvctl.store.sharedtier.fileformat.file_name`), so a record costs no string.
+- A get of an object with no DRAM replica (nor SSD copy) on an alive node answers the
+  file's path and no location: the client reads it itself (no node hop) and verifies it.
+  Every other get of an object with a shared copy names the file too, so a client whose
+  DRAM read fails (the node just died) falls back to it.
+- An object whose only other copies go (node dropped or restarted, DRAM evicted) stays
+  while its shared copy does; a master restart keeps it (its record carries the copy).
+- Quota: past ``capacity_bytes`` or ``max_files`` the least recently used copies are
+  evicted (the object is forgotten when that was its last copy).
+- The master deletes files (evicted, removed, replaced, orphaned) after any lease on them
+  ends, outside its lock (:mod:`kvctl.store.sharedtier.housekeeping`), never a node.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from kvctl.errors import UsageError
+from kvctl.store import protocol as p
+from kvctl.store.master.base import MasterBase
+from kvctl.store.master.records import Node, Obj, Replica
+from kvctl.store.sharedtier.config import SharedTierConfig, open_tier
+from kvctl.store.sharedtier.fileformat import COUNTED_ERRNOS, file_bytes, file_name
+from kvctl.store.sharedtier.housekeeping import SharedState, housekeeping
+
+_log = logging.getLogger("kvctl.store.master")
+
+
+class SharedTierMixin(MasterBase):
+    """The shared tier's index, writes, quota and deletes (lock held unless said)."""
+
+    _shared: SharedState | None
+
+    def _shared_setup(self, config: SharedTierConfig | None) -> None:
+        """Before the restore: the tier's tables (``None``: no shared tier)."""
+        if config is not None:
+            config.check()
+            open_tier(config.root)
+        self._shared = SharedState(config) if config is not None else None
+
+    def _shared_restored(self) -> None:
+        """After the restore: count the copies the state names (O(objects), once).
+
+        Raises:
+            UsageError: the state names shared-tier copies and no shared tier is set.
+        """
+        st = self._shared
+        held = [obj for obj in self._index.values() if obj.shared]
+        if st is None:
+            if held:
+                raise UsageError(f"the master's state names {len(held)} objects in a shared "
+                                 "tier, and this master has none",
+                                 "start it with --shared-tier DIR (the same directory)")
+            return
+        for obj in held:
+            st.track(obj, file_bytes(obj.key, obj.size))
+
+    # ------------------------------------------------------------------ names
+
+    def shared_path(self, key: str, version: int) -> Path:
+        """Where the master names ``key``'s file at ``version`` (no shared tier: error)."""
+        st = self._shared
+        if st is None:
+            raise UsageError("this master has no shared tier", "start it with --shared-tier")
+        return st.config.root / file_name(key, version)
+
+    def _shared_name(self, obj: Obj) -> str:
+        """``obj``'s shared-tier file for a get's answer ("" without one); marks it used."""
+        st = self._shared
+        if st is None or not obj.shared:
+            return ""
+        lru = st.lru
+        if lru.get(obj.key) is obj:
+            del lru[obj.key]
+            lru[obj.key] = obj
+        return str(st.config.root / file_name(obj.key, obj.version))
+
+    def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:
+        """The answer for an object only the shared tier holds (read by the client)."""
+        if lease:
+            obj.lease_until = max(obj.lease_until, now + self.config.lease_ttl_s)
+            obj.readers += 1
+        return p.GetSlot(key=obj.key, size=obj.size, checksum=obj.checksum,
+                         version=obj.version, locations=[], shared=self._shared_name(obj))
+
+    # ------------------------------------------------------------------ writes
+
+    def _shared_task(self, node: Node, obj: Obj, offset: int, *, free_after: bool) -> p.Task:
+        assert self._shared is not None
+        task = p.Task(task_id=next(self._task_ids), op="shared", key=obj.key,
+                      version=obj.version, offset=offset, size=obj.size,
+                      checksum=obj.checksum, free_after=free_after,
+                      path=str(self._shared.config.root / file_name(obj.key, obj.version)))
+        node.tasks.append(task)
+        self._cond.notify_all()
+        return task
+
+    def _shared_write_back(self, obj: Obj, node: Node, rep: Replica, now: float) -> bool:
+        """DRAM evicts ``obj`` on ``node``: have the node write it to the shared tier first
+        (``True``), or ``False`` when it has a copy there already or cannot get one."""
+        st = self._shared
+        if st is None or obj.shared or (obj.evicting and node in obj.evicting) or (
+                not st.fits(obj)):
+            return False
+        through = st.writing.get(obj.key)
+        if through is not None and through[0] is obj and through[1] is node:
+            task_id = through[2]  # its write-through copy runs there: free DRAM after it
+        elif st.paused(now) or len(obj.replicas) > 1:
+            return False  # another DRAM replica keeps it (its eviction writes it back)
+        else:
+            task_id = self._shared_task(node, obj, rep.offset, free_after=True).task_id
+        if obj.evicting is None:
+            obj.evicting = {}
+        obj.evicting[node] = task_id
+        node.freeing_bytes += node.alloc.rounded(obj.size)
+        return True
+
+    def _shared_write_through(self, obj: Obj, now: float) -> None:
+        """``obj`` was just installed: with write-through, a replica node copies it."""
+        st = self._shared
+        if st is None or st.config.policy != "write-through" or obj.shared or (
+                not obj.size) or not st.fits(obj) or st.paused(now):
+            return
+        for rep in obj.replicas:
+            node = rep.node
+            if not node.alive:
+                continue
+            count, nbytes = st.queued.get(node, (0, 0))
+            if count >= st.config.max_queued_writes or (
+                    count and nbytes + obj.size > st.config.max_queued_bytes):
+                st.skipped += 1
+                return
+            st.queued[node] = (count + 1, nbytes + obj.size)
+            task = self._shared_task(node, obj, rep.offset, free_after=False)
+            st.writing[obj.key] = (obj, node, task.task_id)
+            return
+
+    def _shared_persisted(self, node: Node, task: p.Task, report: p.TaskReport,
+                          obj: Obj | None, now: float) -> None:
+        """A node reports a ``shared`` task (``obj``: the current object it was for)."""
+        st = self._shared
+        if st is None:
+            return
+        free_after = task.free_after
+        if not free_after:
+            count, nbytes = st.queued.get(node, (1, task.size))
+            st.queued[node] = (max(0, count - 1), max(0, nbytes - task.size))
+            through = st.writing.get(task.key)
+            if through is not None and through[2] == task.task_id:
+                del st.writing[task.key]
+                # an eviction waits for this write-through copy to free its DRAM
+                evicting = through[0].evicting
+                free_after = evicting is not None and evicting.get(node) == task.task_id
+        if free_after:
+            node.freeing_bytes = max(0, node.freeing_bytes - node.alloc.rounded(task.size))
+        st.note_write(report, now)
+        if obj is None:
+            if free_after:  # removed while its write-back ran: free the DRAM now
+                node.alloc.free(task.offset, task.size)
+            if report.ok:  # object gone or replaced meanwhile: its file goes too
+                st.unlink_later(task.path, now)
+            return
+        if report.ok:
+            if not obj.shared:
+                obj.shared = 1
+                st.track(obj, file_bytes(obj.key, obj.size))
+                self._shared_quota(obj, now)
+        else:
+            _log.warning("node %s could not write %r to the shared tier: %s", node.node_id,
+                         obj.key, report.error)
+        if free_after and self._write_back_done(obj, node, now):
+            return
+        self._persist(obj)
+
+    # ------------------------------------------------------------------ leaving
+
+    def _shared_quota(self, newest: Obj, now: float) -> None:
+        """Evict least recently used copies while the tier is over its quota."""
+        st = self._shared
+        assert st is not None
+        while st.over_quota():
+            victim = st.oldest(newest)
+            if victim is None:
+                return
+            st.evictions += 1
+            self._shared_drop(victim, now)
+            if not self._index.holds(victim):
+                continue
+            if victim.replicas or victim.ssd:
+                self._persist(victim)
+            else:
+                self._forget(victim, "evicted from the shared tier")
+
+    def _shared_drop(self, obj: Obj, now: float) -> None:
+        """``obj`` loses its shared copy; the file is deleted once no lease covers it."""
+        st = self._shared
+        if st is None or not obj.shared:
+            return
+        st.untrack(obj, file_bytes(obj.key, obj.size))
+        obj.shared = 0
+        st.unlink_later(str(st.config.root / file_name(obj.key, obj.version)),
+                        max(now, obj.lease_until if obj.readers else now))
+
+    def _shared_status(self) -> p.SharedTierStatus | None:
+        st = self._shared
+        if st is None:
+            return None
+        cfg = st.config
+        return p.SharedTierStatus(
+            root=str(cfg.root), policy=cfg.policy, used_bytes=st.used_bytes,
+            capacity_bytes=cfg.capacity_bytes, files=st.files, max_files=cfg.max_files,
+            evictions=st.evictions, writes=st.writes, write_errors=st.write_errors,
+            purged=st.purged, purge_backlog=st.backlog(),
+            errors={k: v for k, v in st.errors.items() if v or k in COUNTED_ERRNOS},
+            state="full" if st.paused(self._clock()) else "ok", last_error=st.last_error,
+            fs_free_bytes=st.fs_free_bytes, fs_total_bytes=st.fs_total_bytes)
+
+    def _shared_housekeeping(self) -> None:
+        """Deletes that are due and a slice of the purge sweep (takes the lock briefly; the
+        file system calls run without it)."""
+        if self._shared is not None:
+            housekeeping(self, self._shared)
+
+    def _shared_current(self, key: str, version: int) -> bool:
+        """Whether the index names ``key``'s file at ``version`` (lock held)."""
+        obj = self._index.get(key)
+        return obj is not None and obj.version == version and bool(obj.shared)
