@@ -9,7 +9,6 @@ run the real thing and skip here.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -26,15 +25,7 @@ from tests.fakes import cuda as fake_cuda
 SWEEP = ("-b", "64KiB", "-n", "4", "-i", "2", "--warmup", "0", "--verify", "--json")
 
 
-def _torch_cuda() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-needs_gpu = pytest.mark.skipif(not _torch_cuda(), reason="needs torch with a CUDA device")
+needs_gpu = pytest.mark.skipif(not fake_cuda.real_gpu(), reason="needs torch with a CUDA device")
 
 
 def test_no_gpu_is_unavailable_with_a_hint(kvctl: Callable[..., Any],
@@ -94,17 +85,12 @@ def test_corruption_is_caught_in_gpu_memory(monkeypatch: pytest.MonkeyPatch) -> 
 @needs_gpu
 @pytest.mark.parametrize("transport", ["tcp", "auto"])
 def test_real_gpu_to_gpu_bench(kvctl: Callable[..., Any], transport: str) -> None:
-    r = kvctl("bench", "transfer", "--local-location", "cuda:0", "--remote-location", "cuda:0",
-              "-t", transport, *SWEEP)
-    assert r.exit_code == 0, r.stderr
-    rows = r.json()["rows"]
-    assert rows
-    assert all(row["verified"] and not row["errors"] for row in rows)
+    fake_cuda.verified_rows(kvctl("bench", "transfer", "--local-location", "cuda:0",
+                                  "--remote-location", "cuda:0", "-t", transport, *SWEEP))
 
 
 @pytest.mark.gpu
 @needs_gpu
 def test_real_gpu_initiator_over_shm_to_host_memory(kvctl: Callable[..., Any]) -> None:
-    r = kvctl("bench", "transfer", "--local-location", "cuda:0", "-t", "shm", *SWEEP)
-    assert r.exit_code == 0, r.stderr
-    assert all(row["verified"] for row in r.json()["rows"])
+    fake_cuda.verified_rows(kvctl("bench", "transfer", "--local-location", "cuda:0", "-t",
+                                  "shm", *SWEEP))

@@ -131,3 +131,24 @@ def install(monkeypatch: Any, devices: int = 1) -> FakeTorch:
     torch = FakeTorch(devices)
     monkeypatch.setattr(segments, "_torch", lambda: torch)
     return torch
+
+
+def real_gpu() -> bool:
+    """Whether torch is installed and sees a CUDA device (the ``gpu`` tests need one)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def verified_rows(result: Any) -> list[dict[str, Any]]:
+    """The rows of a ``kvctl bench transfer --verify --json`` run, checked: exit 0, at least
+    one row, every row verified without errors."""
+    assert result.exit_code == 0, result.stderr
+    rows: list[dict[str, Any]] = result.json()["rows"]
+    assert rows
+    assert all(row["verified"] and not row["errors"] for row in rows), rows
+    return rows

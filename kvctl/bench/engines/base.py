@@ -50,17 +50,6 @@ class DriverPlan:
     nics: tuple[str, ...] = ()
     gid_index: int | None = None
 
-    def require_host_memory(self, engine: str) -> None:
-        """For drivers that benchmark host memory only (Mooncake, NIXL), on loopback or across
-        hosts.
-
-        Raises:
-            UsageError: a buffer that is not ``cpu:N``.
-        """
-        if self.local.kind != "cpu" or self.remote.kind != "cpu":
-            raise UsageError(f"the {engine} driver benchmarks host memory (cpu:N) only",
-                             "use --local-location cpu:0 --remote-location cpu:0")
-
 
 @dataclasses.dataclass(frozen=True)
 class PathInfo:

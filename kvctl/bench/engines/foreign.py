@@ -14,8 +14,9 @@ a token the document carries an HMAC of its body: an initiator with the token re
 document a target without it wrote (the metadata server already refuses unsigned requests
 when it has the token), so a token on one side only is an error on both sides.
 
-:class:`ForeignDriver` is the driver half both engines share: host memory only, the target
-spawned here or looked up, ``prepare`` per transport. Foreign drivers run in a child process
+:class:`ForeignDriver` is the driver half both engines share: the local region (host or GPU
+memory, :mod:`kvctl.bench.engines.region`), the target spawned here or looked up, ``prepare``
+per transport. Foreign drivers run in a child process
 of their own (:mod:`kvctl.bench.engines.isolated`): NIXL 1.5.1 crashes at exit in any process
 that created an agent, and that must not become kvctl's exit code.
 """
@@ -36,6 +37,7 @@ import psutil
 
 from kvctl.bench.child import ChildProcess
 from kvctl.bench.engines.base import DriverPlan, EngineDriver, PathInfo
+from kvctl.bench.engines.region import LocalRegion, check_gpu
 from kvctl.errors import KvctlError, UnavailableError, UsageError
 from kvctl.nativelog import component_of, send_native_output_to_log
 from kvctl.net import auth
@@ -70,6 +72,8 @@ class ForeignTarget:
         session: Mooncake's session id, ``host:rpc_port``.
         agent: NIXL's agent name.
         agent_metadata: NIXL's agent metadata (connection info and registered memory).
+        location: where the target's buffer is, ``cpu:N`` or ``cuda:N`` (NIXL addresses
+            GPU memory as ``VRAM`` of that device).
     """
 
     engine: str
@@ -81,6 +85,7 @@ class ForeignTarget:
     session: str = ""
     agent: str = ""
     agent_metadata: bytes = dataclasses.field(default=b"", repr=False)
+    location: str = "cpu:0"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the agent metadata base64-encoded)."""
@@ -101,7 +106,8 @@ class ForeignTarget:
                          address=int(doc["address"]), region_bytes=int(doc["region_bytes"]),
                          session=str(doc.get("session", "")), agent=str(doc.get("agent", "")),
                          agent_metadata=base64.b64decode(str(doc.get("agent_metadata", "")),
-                                                         validate=True))
+                                                         validate=True),
+                         location=str(doc.get("location", "cpu:0")))
         except (KeyError, TypeError, binascii.Error) as exc:
             raise ValueError(f"bad target descriptor: {exc}") from None
         return target
@@ -245,7 +251,8 @@ def launch_target(target_main: Callable[..., None], args: tuple[Any, ...], *, na
 
 
 class ForeignDriver(EngineDriver):
-    """The shared half of the Mooncake and NIXL drivers (host memory, a target per transport).
+    """The shared half of the Mooncake and NIXL drivers (the local region, a target per
+    transport).
 
     Subclasses say which transports they have (:meth:`check_transport`), how to spawn a
     target (:meth:`launch_target`), and how to connect this side to one (:meth:`_connect`,
@@ -263,6 +270,24 @@ class ForeignDriver(EngineDriver):
         self._transport: str | None = None
         self._child: ChildProcess | None = None
         self._info: PathInfo | None = None
+        self._region: LocalRegion | None = None
+
+    @classmethod
+    def check_locations(cls, plan: DriverPlan) -> None:
+        """Refuse buffer locations this engine cannot register (both sides ``cpu:N`` or
+        ``cuda:N``; GPUs checked here when this host allocates them).
+
+        Raises:
+            UsageError: a ``file:PATH`` side.
+            UnavailableError: a GPU this host does not have.
+        """
+        for what, where in (("local", plan.local), ("remote", plan.remote)):
+            if where.kind not in ("cpu", "cuda"):
+                raise UsageError(f"the {cls.label} driver benchmarks cpu:N and cuda:N memory, "
+                                 f"not {where} ({what})",
+                                 f"use --{what}-location cpu:0 (or cuda:0)")
+            if where.kind == "cuda" and (what == "local" or plan.peer is None):
+                check_gpu(where.index)
 
     @classmethod
     @abc.abstractmethod
@@ -272,13 +297,13 @@ class ForeignDriver(EngineDriver):
 
     @classmethod
     @abc.abstractmethod
-    def launch_target(cls, region_bytes: int, transport: str, host: str
-                      ) -> tuple[ChildProcess, ForeignTarget]:
-        """Spawn a target serving ``region_bytes`` of host memory over ``transport`` at
-        ``host``.
+    def launch_target(cls, region_bytes: int, transport: str, host: str,
+                      location: str = "cpu:0") -> tuple[ChildProcess, ForeignTarget]:
+        """Spawn a target serving ``region_bytes`` at ``location`` (``cpu:N``, ``cuda:N``)
+        over ``transport`` at ``host``.
 
         Raises:
-            UnavailableError: the engine cannot serve that transport here.
+            UnavailableError: the engine cannot serve that transport or location here.
         """
 
     @abc.abstractmethod
@@ -290,7 +315,7 @@ class ForeignDriver(EngineDriver):
         """Undo :meth:`_connect` (keeps the local region). Safe to call twice."""
 
     def start(self, plan: DriverPlan) -> None:
-        plan.require_host_memory(self.label)
+        self.check_locations(plan)
         self._plan = plan
         if plan.peer is not None:
             self._published = fetch_targets(plan, self.name)
@@ -317,7 +342,8 @@ class ForeignDriver(EngineDriver):
     def _target_for(self, transport: str) -> ForeignTarget:
         plan = self._require_plan()
         if self._published is None:
-            self._child, spawned = self.launch_target(plan.region_bytes, transport, LOOPBACK)
+            self._child, spawned = self.launch_target(plan.region_bytes, transport, LOOPBACK,
+                                                      str(plan.remote))
             return spawned
         target = self._published.get(transport)
         if target is None:
@@ -332,7 +358,34 @@ class ForeignDriver(EngineDriver):
                 f"{format_size(plan.region_bytes)} (largest block x largest batch x threads)",
                 "run the initiator command the target printed, or restart the target with "
                 "this sweep's --block-size/--batch-size/--threads")
+        if target.location.partition(":")[0] != plan.remote.kind:
+            raise UsageError(
+                f"the {self.label} target at {plan.peer} serves {target.location} memory, "
+                f"the sweep asks for --remote-location {plan.remote}",
+                f"give --remote-location {target.location}, or restart the target with "
+                f"--remote-location {plan.remote}")
         return target
+
+    def _local_region(self, extra_bytes: int) -> LocalRegion:
+        """The local region (``region_bytes + extra_bytes`` at the plan's local location),
+        allocated on first use and kept across transports."""
+        if self._region is None:
+            plan = self._require_plan()
+            self._region = LocalRegion(plan.region_bytes + extra_bytes, plan.local)
+        return self._region
+
+    def local_view(self, offset: int, length: int) -> memoryview:
+        if self._region is None:
+            raise UsageError(f"{self.label} driver not prepared", "call prepare() first")
+        return self._region.view(offset, length)
+
+    def sync_local(self, offset: int, length: int) -> None:
+        if self._region is not None:
+            self._region.sync(offset, length)
+
+    def refresh_local(self, offset: int, length: int) -> None:
+        if self._region is not None:
+            self._region.refresh(offset, length)
 
     def _require_plan(self) -> DriverPlan:
         if self._plan is None:
@@ -350,3 +403,6 @@ class ForeignDriver(EngineDriver):
 
     def close(self) -> None:
         self._disconnect()
+        region, self._region = self._region, None
+        if region is not None:
+            region.close()

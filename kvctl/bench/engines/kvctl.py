@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, PathInfo
+from kvctl.bench.engines.region import check_gpu
 from kvctl.bench.spec import Op
 from kvctl.bench.target import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec, rdma_options
 from kvctl.errors import UsageError
@@ -45,18 +46,6 @@ def describe_paths(paths: Iterable[str]) -> str:
         n = len(indices - {""})
         parts.append(f"{base} ({n} path{'s' if n != 1 else ''})" if n else base)
     return ", ".join(parts) if parts else "-"
-
-
-def check_gpu(index: int) -> None:
-    """Whether GPU ``cuda:index`` can hold a GPU segment here, allocating one byte through
-    the engine's own GPU path (torch, under ``CUDA_VISIBLE_DEVICES``).
-
-    Raises:
-        UnavailableError: no torch, no CUDA device, or no device ``cuda:index``.
-    """
-    from kvctl.transfer.segments import create_gpu_segment
-
-    create_gpu_segment("kvctl-bench-gpu-check", 1, device_index=index).close()
 
 
 class KvctlDriver(EngineDriver):

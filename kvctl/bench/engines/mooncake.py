@@ -16,25 +16,32 @@ So ``--transport tcp`` sets ``MC_FORCE_TCP=1``; ``rdma`` and ``auto`` leave it u
 row is labelled with what Mooncake installed (read back from its topology: HCAs found means
 RDMA); ``rdma`` is skipped when Mooncake installed TCP, and both sides must agree.
 
+Memory: ``cpu:N`` regions are host mappings; ``cuda:N`` regions are GPU memory
+(:mod:`kvctl.bench.engines.region`) whose device pointer goes to ``register_memory`` as is:
+Mooncake's CUDA build tells device memory by ``cudaPointerGetAttributes`` (its TCP transport
+stages it with ``cudaMemcpy``, its RDMA transport registers it). The ``-non-cuda`` wheel
+would treat the pointer as host memory, so GPU locations are refused with it. For ``rdma``
+and ``auto`` Mooncake's ``device_name`` is ``--nic`` when given, else the NICs ``kvctl topo``
+ranks first for the local buffer's location (a GPU's PIX/PXB NICs).
+
 Mooncake's Python API reports a batch as a whole (0 or a negative code), so a failed batch
 counts all its requests as errors; it does not report retries.
 """
 
 from __future__ import annotations
 
-import ctypes
 import importlib
+import importlib.metadata
 import importlib.util
 import json
 import logging
-import mmap
 import multiprocessing.connection
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from kvctl.bench.child import ChildProcess, serve_until_stopped
-from kvctl.bench.engines.base import BatchOutcome, PathInfo
+from kvctl.bench.engines.base import BatchOutcome, DriverPlan, PathInfo
 from kvctl.bench.engines.foreign import (
     ForeignDriver,
     ForeignTarget,
@@ -42,7 +49,8 @@ from kvctl.bench.engines.foreign import (
     local_host_toward,
     stdout_to_stderr,
 )
-from kvctl.bench.spec import Op
+from kvctl.bench.engines.region import LocalRegion
+from kvctl.bench.spec import Op, parse_location
 from kvctl.errors import KvctlError, UnavailableError, UsageError
 from kvctl.net.advertise import join_host_port
 from kvctl.net.bind import is_loopback
@@ -63,10 +71,6 @@ class MooncakeError(KvctlError):
 def _env_defaults() -> None:
     os.environ.setdefault("MC_TCP_BIND_ADDRESS", "127.0.0.1")
     os.environ.setdefault("MC_LOG_LEVEL", "ERROR")
-
-
-def _address_of(mm: mmap.mmap) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(mm))
 
 
 def _import_engine() -> Any:
@@ -111,8 +115,25 @@ def device_filter(transport: str, env: Mapping[str, str], ranked: Sequence[str])
     return ",".join(dict.fromkeys(name.partition(":")[0] for name in ranked))
 
 
-def _new_engine(transport: str, host: str) -> tuple[Any, str]:
-    """A Mooncake engine initialised at ``host`` for ``transport``, and what it installed.
+def cuda_build() -> bool:
+    """Whether the installed Mooncake wheel is a CUDA build (not ``...-non-cuda``)."""
+    names = importlib.metadata.packages_distributions().get("mooncake", [])
+    return any(not name.lower().replace("_", "-").endswith("non-cuda") for name in names)
+
+
+def _require_cuda_build(location: str) -> None:
+    if location.startswith("cuda") and not cuda_build():
+        raise UnavailableError(
+            f"Mooncake cannot register {location} memory here: the installed wheel is the "
+            "non-CUDA build (mooncake-transfer-engine-non-cuda), which would take a device "
+            "pointer for host memory", "pip install mooncake-transfer-engine (the CUDA "
+            "build) for GPU buffers, or use --local-location/--remote-location cpu:0")
+
+
+def _new_engine(transport: str, host: str, location: str = "cpu:0",
+                nics: Sequence[str] = ()) -> tuple[Any, str]:
+    """A Mooncake engine initialised at ``host`` for ``transport``, and what it installed;
+    its HCAs are ``nics`` when given, else topo's first choice for ``location``.
 
     Raises:
         MooncakeError: ``initialize`` failed.
@@ -127,11 +148,11 @@ def _new_engine(transport: str, host: str) -> tuple[Any, str]:
     protocol = _PROTOCOLS[transport]
     from kvctl.transfer.transports.rdma.devices import ranked_rdma_ports
 
-    devices = device_filter(transport, os.environ,
-                            [] if transport == "tcp" else ranked_rdma_ports())
+    ranked = list(nics) or ranked_rdma_ports(location)
+    devices = device_filter(transport, os.environ, [] if transport == "tcp" else ranked)
     if devices:
-        _log.info("Mooncake device_name %s (topo's ranking for host memory, or "
-                  "MOONCAKE_DEVICE)", devices)
+        _log.info("Mooncake device_name %s (--nic, topo's ranking for %s, or "
+                  "MOONCAKE_DEVICE)", devices, location)
     engine = module.TransferEngine()
     rc = engine.initialize(host, "P2PHANDSHAKE", protocol, devices)
     if rc != 0:
@@ -145,36 +166,38 @@ def _new_engine(transport: str, host: str) -> tuple[Any, str]:
     return engine, used
 
 
-def _register(engine: Any, size: int) -> tuple[mmap.mmap, int]:
-    mm = mmap.mmap(-1, size)
-    address = _address_of(mm)
-    rc = engine.register_memory(address, size)
+def _register(engine: Any, region: LocalRegion) -> None:
+    rc = engine.register_memory(region.address, region.size)
     if rc != 0:
-        mm.close()
-        raise MooncakeError(f"Mooncake register_memory({size} bytes) returned {rc}",
+        raise MooncakeError(f"Mooncake register_memory({region.size} bytes of "
+                            f"{region.location}) returned {rc}",
                             "check memlock limits (ulimit -l) and free memory")
-    return mm, address
 
 
-def _target_main(region_bytes: int, transport: str, host: str,
+def _target_main(region_bytes: int, transport: str, host: str, location: str,
                  conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the spawned Mooncake target process."""
     stdout_to_stderr()
     _env_defaults()
+    region: LocalRegion | None = None
     try:
-        engine, used = _new_engine(transport, host)
-        mm, address = _register(engine, region_bytes)
+        _require_cuda_build(location)
+        region = LocalRegion(region_bytes, parse_location(location, what="remote location"))
+        engine, used = _new_engine(transport, host, location)
+        _register(engine, region)
         port = engine.get_rpc_port()
     except KvctlError as exc:
         conn.send(("error", exc.cause, exc.hint, isinstance(exc, UnavailableError)))
+        if region is not None:
+            region.close()
         return
     conn.send(("ready", ForeignTarget(
-        engine="mooncake", transport=transport, used=used, host=host, address=address,
-        region_bytes=region_bytes, session=join_host_port(host, port))))
+        engine="mooncake", transport=transport, used=used, host=host, address=region.address,
+        region_bytes=region_bytes, session=join_host_port(host, port), location=location)))
     serve_until_stopped(conn)
-    engine.unregister_memory(address)
-    del engine  # before the mapping it served goes
-    mm.close()
+    engine.unregister_memory(region.address)
+    del engine  # before the memory it served goes
+    region.close()
 
 
 class MooncakeDriver(ForeignDriver):
@@ -204,16 +227,21 @@ class MooncakeDriver(ForeignDriver):
                 "compare engines with --transport tcp (or auto, rdma)")
 
     @classmethod
-    def launch_target(cls, region_bytes: int, transport: str, host: str
-                      ) -> tuple[ChildProcess, ForeignTarget]:
+    def check_locations(cls, plan: DriverPlan) -> None:
+        for where in (plan.local, plan.remote):
+            _require_cuda_build(str(where))
+        super().check_locations(plan)
+
+    @classmethod
+    def launch_target(cls, region_bytes: int, transport: str, host: str,
+                      location: str = "cpu:0") -> tuple[ChildProcess, ForeignTarget]:
         cls.check_transport(transport, cross_host=not is_loopback(host))
-        return launch_target(_target_main, (region_bytes, transport, host),
+        return launch_target(_target_main, (region_bytes, transport, host, location),
                              name="Mooncake target", hint=_HINT)
 
     def __init__(self) -> None:
         super().__init__()
         self._engine: Any = None
-        self._mm: mmap.mmap | None = None
         self._local_address = 0
         self._session = ""
         self._remote_address = 0
@@ -221,15 +249,17 @@ class MooncakeDriver(ForeignDriver):
 
     def _connect(self, target: ForeignTarget) -> PathInfo:
         plan = self._require_plan()
-        engine, used = _new_engine(target.transport, local_host_toward(target.host))
+        engine, used = _new_engine(target.transport, local_host_toward(target.host),
+                                   str(plan.local), plan.nics)
         self._engine = engine
         if used != target.used:
             raise UnavailableError(
                 f"Mooncake installed {used} here but {target.used} on the target "
                 f"({target.session})", f"use --transport tcp on both hosts, or {target.used} "
                 "on both")
-        size = plan.region_bytes + _POKE_BYTES
-        self._mm, self._local_address = _register(engine, size)
+        region = self._local_region(_POKE_BYTES)
+        _register(engine, region)
+        self._local_address = region.address
         self._session, self._remote_address = target.session, target.address
         self._lists.clear()
         return PathInfo(used, f"{used} -> {target.session}", loopback=is_loopback(target.host))
@@ -259,17 +289,12 @@ class MooncakeDriver(ForeignDriver):
             return BatchOutcome(errors=batch_size, retries=None)
         return BatchOutcome(errors=0, retries=None)
 
-    def local_view(self, offset: int, length: int) -> memoryview:
-        if self._mm is None:
-            raise UsageError("Mooncake driver not prepared", "call prepare() first")
-        return memoryview(self._mm)[offset : offset + length]
-
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:
         self._ready(transport)
-        if len(data) > _POKE_BYTES or self._mm is None:
+        if len(data) > _POKE_BYTES or self._region is None:
             raise UsageError(f"poke_remote writes at most {_POKE_BYTES} bytes", "split the data")
         plan = self._require_plan()
-        self._mm[plan.region_bytes : plan.region_bytes + len(data)] = data
+        self._region.write(plan.region_bytes, data)
         rc = self._engine.batch_transfer_sync_write(
             self._session, [self._local_address + plan.region_bytes],
             [self._remote_address + offset], [len(data)])
@@ -282,10 +307,4 @@ class MooncakeDriver(ForeignDriver):
         if engine is not None and self._local_address:
             engine.unregister_memory(self._local_address)
         self._local_address = 0
-        del engine  # Mooncake tears down when the engine object goes
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                _log.debug("local mapping still exported; left to the garbage collector")
+        del engine  # Mooncake tears down when the engine object goes (the region stays)

@@ -5,6 +5,12 @@ wheels (``nixl-cu12``, ``nixl-cu13``) import and run the UCX backend on host mem
 without a GPU. This driver imports ``nixl._api`` or, failing that, ``nixl_cu12._api`` /
 ``nixl_cu13._api``.
 
+Memory: ``cpu:N`` regions register as ``DRAM`` (device 0); ``cuda:N`` regions are GPU memory
+(:mod:`kvctl.bench.engines.region`) registered and addressed as ``VRAM`` of CUDA device N,
+``register_memory([(addr, len, N, "")], "VRAM")`` and ``get_xfer_descs([(addr, len, N)],
+"VRAM")``, as NIXL's own examples do with torch tensors; the target tells the initiator its
+location, so remote descriptors carry the target's memory type and device.
+
 Set-up follows nixlbench's two-agent shape: the target agent runs in a spawned process
 (on loopback, or under ``--role target`` on another host), registers its region and hands over
 its agent metadata and buffer address; the initiator adds the remote agent, prepares one
@@ -25,10 +31,8 @@ child process of its own (:mod:`kvctl.bench.engines.isolated`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import logging
-import mmap
 import multiprocessing.connection
 import os
 import socket
@@ -47,7 +51,8 @@ from kvctl.bench.engines.foreign import (
     local_host_toward,
     stdout_to_stderr,
 )
-from kvctl.bench.spec import Op
+from kvctl.bench.engines.region import LocalRegion
+from kvctl.bench.spec import Op, parse_location
 from kvctl.errors import KvctlError, UnavailableError, UsageError
 from kvctl.net.bind import is_loopback
 
@@ -98,18 +103,20 @@ def _ucx_env(values: dict[str, str | None]) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _ucx_settings(tls: str | None, host: str, rdma_ports: Sequence[str] | None = None
-                  ) -> dict[str, str | None]:
+def _ucx_settings(tls: str | None, host: str, rdma_ports: Sequence[str] | None = None,
+                  location: str = "cpu:0") -> dict[str, str | None]:
     """``UCX_TLS``, and across hosts ``UCX_NET_DEVICES``: the interface holding ``host``,
-    after (with UCX's own transport choice) the RDMA ports ``kvctl topo`` ranks first for
-    host memory, so UCX may use them (``mlx5_0:1``) rather than only TCP."""
+    after (with UCX's own transport choice) ``rdma_ports`` (``--nic``), else the RDMA ports
+    ``kvctl topo`` ranks first for ``location``, so UCX may use them (``mlx5_0:1``) rather
+    than only TCP."""
     values: dict[str, str | None] = {"UCX_TLS": tls}
     if not is_loopback(host) and "UCX_NET_DEVICES" not in os.environ:
         from kvctl.transfer.transports.rdma.devices import ranked_rdma_ports
 
         devices: list[str] = []
         if tls is None:
-            devices += list(rdma_ports if rdma_ports is not None else ranked_rdma_ports())
+            devices += list(rdma_ports if rdma_ports is not None
+                            else ranked_rdma_ports(location))
         device = interface_of(host)
         if device is not None:
             devices.append(device)
@@ -121,14 +128,11 @@ def _ucx_settings(tls: str | None, host: str, rdma_ports: Sequence[str] | None =
 _HINT = "check UCX on this host (ucx_info -d) or try another --transport"
 
 
-def _new_agent(name: str, tls: str | None, host: str) -> Any:
+def _new_agent(name: str, tls: str | None, host: str, location: str = "cpu:0",
+               nics: Sequence[str] = ()) -> Any:
     api = _import_api()
-    with _ucx_env(_ucx_settings(tls, host)):
+    with _ucx_env(_ucx_settings(tls, host, list(nics) or None, location)):
         return api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
-
-
-def _address_of(mm: mmap.mmap) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(mm))
 
 
 def _used(tls: str | None) -> str:
@@ -140,30 +144,43 @@ def _agent_name(role: str, transport: str) -> str:
     return f"kvctl-bench-nixl-{role}-{socket.gethostname()}-{os.getpid()}-{transport}"
 
 
-def _target_main(region_bytes: int, transport: str, host: str,
+def nixl_memory(location: str) -> tuple[str, int]:
+    """NIXL's memory type and device id for a buffer at ``location``: ``("VRAM", N)`` for
+    ``cuda:N``, ``("DRAM", 0)`` for host memory."""
+    kind, _, index = location.partition(":")
+    return ("VRAM", int(index or 0)) if kind == "cuda" else ("DRAM", 0)
+
+
+def _target_main(region_bytes: int, transport: str, host: str, location: str,
                  conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the spawned NIXL target process (ends with ``os._exit``: NIXL 1.5.1
     crashes in the interpreter's own exit once an agent existed)."""
     stdout_to_stderr()
     tls = _UCX_TLS[transport]
-    mm = mmap.mmap(-1, region_bytes)
-    address = _address_of(mm)
+    try:
+        region = LocalRegion(region_bytes, parse_location(location, what="remote location"))
+    except KvctlError as exc:
+        conn.send(("error", exc.cause, exc.hint, isinstance(exc, UnavailableError)))
+        _exit_now()
+    mem, device = nixl_memory(location)
     name = _agent_name("target", transport)
     try:
-        agent = _new_agent(name, tls, host)
-        registered = agent.register_memory([(address, region_bytes, 0, "")], "DRAM")
+        agent = _new_agent(name, tls, host, location)
+        registered = agent.register_memory([(region.address, region_bytes, device, "")], mem)
         metadata = agent.get_agent_metadata()
     except Exception as exc:  # noqa: BLE001 - NIXL's own error types, sent on as a typed error
         conn.send(("error", f"NIXL target failed to start with UCX_TLS={tls or 'default'}: "
                    f"{type(exc).__name__}: {exc}", _HINT, True))
         _exit_now()
     conn.send(("ready", ForeignTarget(
-        engine="nixl", transport=transport, used=_used(tls), host=host, address=address,
-        region_bytes=region_bytes, agent=name, agent_metadata=bytes(metadata))))
+        engine="nixl", transport=transport, used=_used(tls), host=host, address=region.address,
+        region_bytes=region_bytes, agent=name, agent_metadata=bytes(metadata),
+        location=location)))
     serve_until_stopped(conn)
-    # Tear down in reverse order: NIXL must let go of the memory before it is unmapped.
+    # Tear down in reverse order: NIXL must let go of the memory before it is freed.
     agent.deregister_memory(registered)
     del agent
+    region.close()
     _exit_now()
 
 
@@ -200,10 +217,11 @@ class NixlDriver(ForeignDriver):
                                    "only", "use --transport tcp or auto across hosts")
 
     @classmethod
-    def launch_target(cls, region_bytes: int, transport: str, host: str
-                      ) -> tuple[ChildProcess, ForeignTarget]:
+    def launch_target(cls, region_bytes: int, transport: str, host: str,
+                      location: str = "cpu:0") -> tuple[ChildProcess, ForeignTarget]:
         cls.check_transport(transport, cross_host=not is_loopback(host))
-        return launch_target(_target_main, (region_bytes, transport, host), name="NIXL target",
+        return launch_target(_target_main, (region_bytes, transport, host, location),
+                             name="NIXL target",
                              hint="check UCX on this host (ucx_info -d)")
 
     def __init__(self) -> None:
@@ -211,8 +229,9 @@ class NixlDriver(ForeignDriver):
         self._agent: Any = None
         self._remote_name = ""
         self._remote_address = 0
-        self._mm: mmap.mmap | None = None
         self._local_address = 0
+        self._local_mem: tuple[str, int] = ("DRAM", 0)
+        self._remote_mem: tuple[str, int] = ("DRAM", 0)
         self._handles: dict[tuple[str, int, int, int], Any] = {}
         self._registered: Any = None
 
@@ -220,15 +239,16 @@ class NixlDriver(ForeignDriver):
         plan = self._require_plan()
         tls = _UCX_TLS[target.transport]
         size = plan.region_bytes + _POKE_BYTES
-        if self._mm is None:
-            self._mm = mmap.mmap(-1, size)
-            self._local_address = _address_of(self._mm)
+        region = self._local_region(_POKE_BYTES)
+        self._local_address = region.address
+        self._local_mem = mem, device = nixl_memory(str(plan.local))
+        self._remote_mem = nixl_memory(target.location)
         try:
             agent = _new_agent(_agent_name("init", target.transport), tls,
-                               local_host_toward(target.host))
+                               local_host_toward(target.host), str(plan.local), plan.nics)
             self._agent = agent
-            self._registered = agent.register_memory([(self._local_address, size, 0, "")],
-                                                     "DRAM")
+            self._registered = agent.register_memory(
+                [(self._local_address, size, device, "")], mem)
             remote = agent.add_remote_agent(target.agent_metadata)
         except KvctlError:
             raise
@@ -252,10 +272,11 @@ class NixlDriver(ForeignDriver):
             base = thread * stride
             lbase = self._local_address + (base if local_base is None else local_base)
             rbase = self._remote_address + (base if remote_base is None else remote_base)
+            (lmem, ldev), (rmem, rdev) = self._local_mem, self._remote_mem
             local = self._agent.get_xfer_descs(
-                [(lbase + i * block, block, 0) for i in range(batch)], "DRAM")
+                [(lbase + i * block, block, ldev) for i in range(batch)], lmem)
             remote = self._agent.get_xfer_descs(
-                [(rbase + i * block, block, 0) for i in range(batch)], "DRAM")
+                [(rbase + i * block, block, rdev) for i in range(batch)], rmem)
             handle = self._agent.initialize_xfer(op.name, local, remote, self._remote_name)
             if local_base is None:
                 self._handles[key] = handle
@@ -280,17 +301,12 @@ class NixlDriver(ForeignDriver):
             _log.warning("NIXL %s batch of %d failed or timed out", op.value, batch_size)
         return BatchOutcome(errors=0 if ok else batch_size, retries=None)
 
-    def local_view(self, offset: int, length: int) -> memoryview:
-        if self._mm is None:
-            raise UsageError("NIXL driver not prepared", "call prepare() first")
-        return memoryview(self._mm)[offset : offset + length]
-
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:
         self._ready(transport)
-        if len(data) > _POKE_BYTES or self._mm is None:
+        if len(data) > _POKE_BYTES or self._region is None:
             raise UsageError(f"poke_remote writes at most {_POKE_BYTES} bytes", "split the data")
         plan = self._require_plan()
-        self._mm[plan.region_bytes : plan.region_bytes + len(data)] = data
+        self._region.write(plan.region_bytes, data)
         handle = self._handle(Op.WRITE, len(data), 1, 0, local_base=plan.region_bytes,
                               remote_base=offset)
         try:
@@ -314,12 +330,3 @@ class NixlDriver(ForeignDriver):
             del agent
         self._registered = None
         self._remote_name = ""
-
-    def close(self) -> None:
-        super().close()
-        mm, self._mm = self._mm, None
-        if mm is not None:
-            try:
-                mm.close()
-            except BufferError:
-                _log.debug("local mapping still exported; left to the garbage collector")
