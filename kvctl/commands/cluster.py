@@ -325,7 +325,7 @@ def bench(
             report = run_cluster_bench(coordinator, entries, options, on_event=progress,
                                        stop=stop)
     if json_out:
-        out.emit_json("cluster.bench", report_payload(report))
+        out.emit_json("cluster.bench", {**report_payload(report), "checks": _bench_checks(report)})
     elif csv_out:
         sys.stdout.write(matrix_csv(report))
     else:
@@ -384,6 +384,25 @@ def _render_bench(out: Output, report: ClusterBenchReport) -> None:
         console.print(Text(f"failed: {o.a.label()} -> {o.b.label()}: {o.error}", style="red"))
     for host, problem in report.untrusted:
         out.warn(f"{host} not benched: {problem}")
+
+
+def _bench_checks(report: ClusterBenchReport) -> list[dict[str, Any]]:
+    """One check per pair (fails when not measured intact, or slow) and per vanished host."""
+    slow = {(s.a.label(), s.b.label()): s for s in report.diagnosis.slow}
+    checks = []
+    for o in report.outcomes:
+        a, b = o.a.label(), o.b.label()
+        if o.state != "ok":
+            checks.append(check_entry(f"{a} -> {b}", "fail", detail=o.error or o.state))
+        elif (a, b) in slow:
+            checks.append(check_entry(f"{a} -> {b}", "fail", detail=(
+                f"{slow[a, b].gbps:.3g} GB/s, {slow[a, b].ratio:.0%} of the cluster's median")))
+        else:
+            checks.append(check_entry(f"{a} -> {b}", "pass", detail=f"{o.gbps:.3g} GB/s"
+                                      if o.gbps is not None else "measured"))
+    checks += [check_entry(m.host, "fail", detail="its agent vanished during the run")
+               for m in report.missing]
+    return checks
 
 
 def _bench_verdict(report: ClusterBenchReport) -> None:

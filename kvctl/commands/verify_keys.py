@@ -411,7 +411,7 @@ def emit_cmd(
         out.warn(f"PYTHONHASHSEED is unset and {config.profile} draws a random first link per "
                  "process: these keys cannot match any other process")
     if output is None:  # the manifest itself is the result: print it as JSON either way
-        out.emit_json("keys.manifest", manifest_to_json(manifest))
+        out.write_json(manifest_to_json(manifest))
         return
     write_manifest(manifest, output)
     summary = {"path": str(output), "fingerprint": manifest.fingerprint,

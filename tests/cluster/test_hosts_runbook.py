@@ -17,6 +17,7 @@ import pytest
 from tests.cluster.conftest import MakeCluster
 from tests.cluster.nscluster import SWEEP, NsCluster
 from tests.fixtures.nshosts import Host
+from tests.fixtures.schemas import validate_document
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +43,9 @@ def the_cluster_runbook_passes_on_three_hosts(three: NsCluster) -> None:
     done = three.kvctl(0, ARGS, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     doc = json.loads(done.stdout)
+    assert validate_document(doc) == "cluster.runbook"
     assert doc["passed"]
+    assert doc["ok"]
     assert doc["hosts"] == ["h1", "h2", "h3"]
     rows = _rows(doc)
     for host in ("h1", "h2", "h3"):
@@ -92,7 +95,10 @@ def a_killed_store_node_fails_that_check_on_that_host(three: NsCluster) -> None:
     assert done.returncode == 1, done.stderr[-3000:]
     assert "h2: store: node" in done.stderr
     doc = json.loads(done.stdout)
-    assert not doc["passed"]
+    assert validate_document(doc) == "cluster.runbook"
+    assert doc["ok"] is doc["passed"] is False
+    assert {c["name"] for c in doc["checks"] if c["status"] == "fail"} == {
+        f"{r['host']}: {r['check']}" for r in doc["results"] if r["verdict"] == "fail"}
     rows = _rows(doc)
     node = rows[("h2", "store: node")]
     assert node["verdict"] == "fail"

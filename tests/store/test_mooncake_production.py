@@ -19,6 +19,7 @@ from kvctl.store import protocol as p
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.server import MasterServer
 from tests.fixtures.cli import CliResult
+from tests.fixtures.schemas import validate_document
 
 pytestmark = pytest.mark.integration
 
@@ -211,7 +212,7 @@ def test_cli_smoke_json_names_segments_and_cleanup(kvctl: Kvctl, cluster: Master
               "--metrics", cluster.metrics_url, "--json")
     assert r.exit_code == 0, r.stdout + r.stderr
     doc = r.json()
-    assert doc["kind"] == "store.smoke"
+    assert validate_document(doc) == "store.smoke"
     assert doc["ok"]
     (segment,) = cluster.segments()
     assert [s["name"] for s in doc["segments"]] == [segment]
@@ -233,7 +234,7 @@ def test_status_shows_health_segments_capacity_and_usage(kvctl: Kvctl, cluster: 
               "--metrics", cluster.metrics_url, "--json")
     assert r.exit_code == 0, r.stdout + r.stderr
     doc: dict[str, Any] = r.json()
-    assert doc["kind"] == "store.status"
+    assert validate_document(doc) == "store.status"
     assert doc["backend"] == "mooncake"
     assert doc["master"] == cluster.address
     assert doc["health"] == "ok"
