@@ -4,6 +4,7 @@ target advertises, the fake HCAs meet in a directory both hosts see."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -76,5 +77,48 @@ def test_rdma_between_two_namespaced_hosts(nshosts: MakeHosts, token: str) -> No
         assert peer.stdout.readline().decode().strip() == "MATCH"
         assert peer.stdout.readline().decode().startswith("BYE")
         peer.wait(30)
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_bench_with_pinned_nics_between_two_namespaced_hosts(nshosts: MakeHosts) -> None:
+    """``kvctl bench transfer -t rdma --nic`` on two namespaced hosts: the target serves
+    on its bridge address pinned to mlx5_1, the initiator pins mlx5_0 and GID index 3;
+    every verified row crossed mlx5_0 -> mlx5_1."""
+    shared = Path(tempfile.mkdtemp(prefix="kvf", dir="/var/tmp"))
+    try:
+        net = nshosts(2, shared=shared)
+        target, initiator = net[0], net[1]
+        fabric = Fabric(shared)
+        config_b = fabric.write("b", fabric.device("mlx5_0", "10.0.1.1"),
+                                fabric.device("mlx5_1", "10.0.1.2"), retry_s=0.01)
+        config_a = fabric.write("a", fabric.device("mlx5_0", "10.0.0.1"),
+                                fabric.device("mlx5_1", "10.0.0.2"), retry_s=0.01)
+        base = {"KVCTL_PYVERBS": PROVIDER, "PYTHONPATH": str(REPO)}
+        sweep = ["-t", "rdma", "-b", "1MiB", "-n", "4", "--gid-index", "3"]
+        served = target.popen(
+            [sys.executable, "-m", "kvctl", "bench", "transfer", "--role", "target",
+             "--listen", f"{target.address}:7400", "--serve-for", "120s", "--nic", "mlx5_1",
+             *sweep], env={**base, CONFIG_ENV: str(config_b)}, cwd=REPO,
+            stderr=subprocess.STDOUT)
+        assert served.stdout is not None
+        for _ in range(200):  # bounded: the target prints a handful of lines
+            line = served.stdout.readline().decode()
+            if not line or "On the initiator:" in line:
+                break
+        assert "On the initiator:" in line, line
+        done = initiator.run(
+            [sys.executable, "-m", "kvctl", "bench", "transfer", "--role", "initiator",
+             "--peer", f"{target.address}:7400", *sweep, "--nic", "mlx5_0", "-i", "2",
+             "--warmup", "0", "--verify", "--json"],
+            env={**base, CONFIG_ENV: str(config_a)}, cwd=REPO, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = json.loads(done.stdout)["rows"]
+        assert len(rows) == 2
+        for row in rows:
+            assert (row["transport"], row["verified"], row["errors"]) == ("rdma", True, 0)
+            assert row["path"] == "rdma:mlx5_0:1->mlx5_1:1[host->host]"
+        served.terminate()
+        served.wait(30)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
