@@ -108,7 +108,7 @@ class TransferHarness:
     def _answer(self, sock: socket.socket) -> bytes:
         sock.settimeout(5.0)
         _recv_exact(sock, self.p.HELLO.size)
-        return self.p.ANSWER.pack(self.p.MAGIC, self.p.VERSION, bytes(32))
+        return self.p.ANSWER.pack(self.p.MAGIC, self.p.VERSION, bytes(32), bytes(32))
 
     def _hello_only(self, sock: socket.socket) -> bytes:
         sock.settimeout(5.0)
@@ -158,8 +158,8 @@ class TransferHarness:
         with socket.create_connection((self.open_server.host, self.open_server.port),
                                       timeout=10) as sock:
             _recv_exact(sock, p.HELLO.size)
-            sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION, bytes(32)))
-            _magic, code = p.VERDICT.unpack(_recv_exact(sock, p.VERDICT.size))
+            sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION, bytes(32), bytes(32)))
+            _magic, code, _proof = p.VERDICT.unpack(_recv_exact(sock, p.VERDICT.size))
             if code != p.Verdict.OK:
                 raise FuzzFinding(f"well-formed handshake refused (verdict {code})")
             entry = p.ENTRY.pack(1, offset, length)
@@ -234,9 +234,9 @@ def seeds() -> dict[str, bytes]:
         "unknown_type": bytes([0]) + frame(0x55, 13, []),
         "too_many_entries": bytes([0]) + p.HEADER.pack(p.FrameType.READ, 0, 0, 14,
                                                        p.MAX_ENTRIES + 1, 0),
-        "handshake_bad_version": bytes([1]) + p.ANSWER.pack(p.MAGIC, 9, bytes(32)),
+        "handshake_bad_version": bytes([1]) + p.ANSWER.pack(p.MAGIC, 9, bytes(32), bytes(32)),
         "handshake_bad_magic": bytes([1]) + b"XXXX" + bytes(34),
-        "auth_zero_answer": bytes([2]) + p.ANSWER.pack(p.MAGIC, p.VERSION, bytes(32))
+        "auth_zero_answer": bytes([2]) + p.ANSWER.pack(p.MAGIC, p.VERSION, bytes(32), bytes(32))
         + frame(p.FrameType.WRITE, 1, [(1, 0, 4)], b"evil"),
     }
 

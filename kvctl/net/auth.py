@@ -99,3 +99,61 @@ def _request_mac(token: str, method: str, path: str, body: bytes, timestamp: str
     message = b"\n".join([method.upper().encode(), path.encode(), timestamp.encode(),
                           nonce.encode(), hashlib.sha256(body).digest()])
     return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+
+
+#: Bytes of the MAC that follows each frame's control part on an authenticated connection.
+FRAME_MAC_BYTES = 16
+
+
+def session_key(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes
+                ) -> bytes:
+    """The key of one authenticated connection: bound to the token and to both nonces of
+    its handshake, in a domain of its own (no answer or proof is ever equal to it)."""
+    return hmac.new(token.encode(), context + b"\0session\0" + server_nonce + client_nonce,
+                    hashlib.sha256).digest()
+
+
+class FrameMac:
+    """Per-frame MACs of one connection, after a handshake with a token.
+
+    A relay that passed a real handshake through (a man in the middle who knows no token)
+    still holds the connection; with these MACs it can neither inject, alter, drop, replay
+    nor reorder a frame's control part, since each MAC covers the direction, the frame's
+    sequence number in that direction and its bytes. Bulk payload (a WRITE's or a READ's
+    data) is not covered: it is checked end to end where it matters (``--verify``, the
+    store's checksums).
+    """
+
+    __slots__ = ("_keyed", "_recv_seq", "_recv_tag", "_send_seq", "_send_tag")
+
+    def __init__(self, key: bytes, *, client: bool) -> None:
+        # Keyed once; each frame copies the keyed state (about 2 us of CPU for a small
+        # frame, 4 us for one of 128 entries; hmac.digest re-keys each time and is slower).
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256)
+        self._send_tag, self._recv_tag = (b"c", b"s") if client else (b"s", b"c")
+        self._send_seq = 0
+        self._recv_seq = 0
+
+    def __repr__(self) -> str:
+        return f"FrameMac(sent={self._send_seq}, received={self._recv_seq})"  # no key
+
+    def seal(self, *parts: bytes | bytearray | memoryview) -> bytes:
+        """The MAC of the next frame this side sends, made of ``parts``."""
+        mac = self._mac(self._send_tag, self._send_seq, parts)
+        self._send_seq += 1
+        return mac
+
+    def check(self, mac: bytes | bytearray | memoryview,
+              *parts: bytes | bytearray | memoryview) -> bool:
+        """Whether ``mac`` is right for the next frame received, made of ``parts``."""
+        ok = hmac.compare_digest(self._mac(self._recv_tag, self._recv_seq, parts), bytes(mac))
+        self._recv_seq += 1
+        return ok
+
+    def _mac(self, direction: bytes, seq: int,
+             parts: tuple[bytes | bytearray | memoryview, ...]) -> bytes:
+        h = self._keyed.copy()
+        h.update(direction + seq.to_bytes(8, "little"))
+        for part in parts:
+            h.update(part)
+        return h.digest()[:FRAME_MAC_BYTES]

@@ -1,12 +1,21 @@
-"""The kvctl transfer wire protocol (``kvctl-transfer/1``), served by every target.
+"""The kvctl transfer wire protocol (version 2), served by every target.
 
 Connection setup (fixed-size messages)::
 
     server → client  HELLO   magic "KVTE", version u16, flags u8 (bit 0: auth required),
                              pad, nonce[32]
     client → server  ANSWER  magic "KVTE", version u16, pad[2],
-                             HMAC-SHA256(token, "kvctl-transfer/1" || 0 || nonce) or zeros
-    server → client  VERDICT magic "KVTE", code u8 (0 ok, 1 auth refused, 2 bad version), pad[3]
+                             HMAC-SHA256(token, "kvctl-transfer/1" || 0 || nonce) or zeros,
+                             client nonce[32]
+    server → client  VERDICT magic "KVTE", code u8 (0 ok, 1 auth refused, 2 bad version), pad[3],
+                             proof[32]: auth.server_proof over both nonces (zeros: no token)
+
+With a token both sides prove they know it (a client checks the proof and refuses a target
+that cannot give it), and every frame then carries a 16-byte MAC
+(:class:`kvctl.net.auth.FrameMac`, keyed by :func:`kvctl.net.auth.session_key` over both
+nonces) right after its control part: after a request's entries (a NOTIFY's: after its
+body) and after a response's header. A relay that passed a real handshake through cannot
+inject, alter, replay or reorder frames. Bulk data (WRITE and READ payload) is not covered.
 
 Then requests, each answered by one response, in order::
 
@@ -29,12 +38,16 @@ import enum
 import struct
 
 MAGIC = b"KVTE"
-VERSION = 1
+VERSION = 2
 AUTH_CONTEXT = b"kvctl-transfer/1"
 
 HELLO = struct.Struct("<4sHBx32s")
-ANSWER = struct.Struct("<4sH2x32s")
-VERDICT = struct.Struct("<4sB3x")
+#: An answer's first bytes (magic, version): how long the rest is depends on the version.
+ANSWER_HEAD = struct.Struct("<4sH2x")
+ANSWER = struct.Struct("<4sH2x32s32s")
+#: Version 1's answer (no client nonce), read only to refuse it with BAD_VERSION.
+ANSWER_V1 = struct.Struct("<4sH2x32s")
+VERDICT = struct.Struct("<4sB3x32s")
 HEADER = struct.Struct("<BBHIIQ")
 ENTRY = struct.Struct("<IQQ")
 

@@ -156,8 +156,9 @@ class TargetServer:
     def _serve(self, conn: socket.socket, peer: tuple[str, int]) -> None:
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._handshake(conn):
-                self._loop(conn)
+            ok, mac = self._handshake(conn)
+            if ok:
+                self._loop(conn, mac)
         except FrameError as exc:
             _log.warning("closing connection from %s:%d: %s", peer[0], peer[1], exc.cause)
         except OSError as exc:
@@ -168,36 +169,51 @@ class TargetServer:
                 self._conns.discard(conn)
             conn.close()
 
-    def _handshake(self, conn: socket.socket) -> bool:
+    def _handshake(self, conn: socket.socket) -> tuple[bool, auth.FrameMac | None]:
+        """Run the handshake: (whether the client may go on, its frames' MACs if a token)."""
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         nonce = auth.new_nonce() if self._token else bytes(auth.NONCE_BYTES)
         flags = p.FLAG_AUTH if self._token else 0
         conn.sendall(p.HELLO.pack(p.MAGIC, p.VERSION, flags, nonce))
         answer = bytearray(p.ANSWER.size)
         try:
-            recv_exact_into(conn, memoryview(answer))
+            recv_exact_into(conn, memoryview(answer)[:p.ANSWER_HEAD.size])
+            magic, version = p.ANSWER_HEAD.unpack_from(answer)
+            if magic != p.MAGIC:
+                raise FrameError(f"bad handshake magic {bytes(magic)!r}", None)
+            if version != p.VERSION:
+                rest = (p.ANSWER_V1.size if version == 1 else 0) - p.ANSWER_HEAD.size
+                if rest > 0:
+                    recv_exact_into(conn, memoryview(bytearray(rest)))
+                conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.BAD_VERSION,
+                                            bytes(auth.DIGEST_BYTES)))
+                return False, None
+            recv_exact_into(conn, memoryview(answer)[p.ANSWER_HEAD.size:])
         except TimeoutError:
             raise FrameError("client sent no handshake answer in time", None) from None
-        magic, version, digest = p.ANSWER.unpack(answer)
-        if magic != p.MAGIC:
-            raise FrameError(f"bad handshake magic {bytes(magic)!r}", None)
-        if version != p.VERSION:
-            conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.BAD_VERSION))
-            return False
+        _, _, digest, client_nonce = p.ANSWER.unpack(answer)
         if self._token and not auth.check_response(self._token, nonce, p.AUTH_CONTEXT,
                                                    bytes(digest)):
             _log.warning("refused a connection: authentication failed")
-            conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.AUTH_REFUSED))
-            return False
-        conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.OK))
+            conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.AUTH_REFUSED,
+                                        bytes(auth.DIGEST_BYTES)))
+            return False, None
+        mac: auth.FrameMac | None = None
+        proof = bytes(auth.DIGEST_BYTES)
+        if self._token:
+            proof = auth.server_proof(self._token, nonce, bytes(client_nonce), p.AUTH_CONTEXT)
+            mac = auth.FrameMac(auth.session_key(self._token, nonce, bytes(client_nonce),
+                                                 p.AUTH_CONTEXT), client=False)
+        conn.sendall(p.VERDICT.pack(p.MAGIC, p.Verdict.OK, proof))
         conn.settimeout(None)
         self._pending.trusted(conn)
-        return True
+        return True, mac
 
-    def _loop(self, conn: socket.socket) -> None:
+    def _loop(self, conn: socket.socket, mac: auth.FrameMac | None) -> None:
         head = bytearray(p.HEADER.size)
         head_view = memoryview(head)
         entries = bytearray(p.ENTRY.size * 64)
+        tail = bytearray(auth.FRAME_MAC_BYTES)
         while True:
             try:
                 recv_exact_into(conn, head_view)
@@ -214,14 +230,16 @@ class TargetServer:
                 if len(entries) < need:
                     entries = bytearray(need)
                 recv_exact_into(conn, memoryview(entries)[:need])
+                if mac is not None:
+                    _check_mac(conn, mac, tail, head, memoryview(entries)[:need])
                 parsed = list(p.ENTRY.iter_unpack(memoryview(entries)[:need]))
                 started = time.perf_counter()
                 if ftype == p.FrameType.READ:
                     if payload:
                         raise FrameError("READ frame carries a payload", None)
-                    status = self._read(conn, tag, parsed)
+                    status = self._read(conn, mac, tag, parsed)
                 else:
-                    status = self._write(conn, tag, parsed, payload)
+                    status = self._write(conn, mac, tag, parsed, payload)
                 if self.metrics is not None:
                     moved = sum(length for _, _, length in parsed) if status == 0 else 0
                     write = ftype == p.FrameType.WRITE
@@ -234,17 +252,21 @@ class TargetServer:
                     raise FrameError(f"bad NOTIFY frame ({count} entries, {payload} bytes)", None)
                 body = bytearray(payload)
                 recv_exact_into(conn, memoryview(body))
+                if mac is not None:
+                    _check_mac(conn, mac, tail, head, body)
                 (name_len,) = _U16.unpack_from(body)
                 if _U16.size + name_len > payload:
                     raise FrameError("NOTIFY sender name overruns the frame", None)
                 sender = body[_U16.size : _U16.size + name_len].decode("utf-8", "replace")
                 message = bytes(body[_U16.size + name_len :])
-                self._reply(conn, tag, p.WireStatus.OK)
+                self._reply(conn, mac, tag, p.WireStatus.OK)
                 self._deliver(sender, message)
             elif ftype == p.FrameType.PING:
                 if count or payload:
                     raise FrameError("PING frame with a body", None)
-                self._reply(conn, tag, p.WireStatus.OK)
+                if mac is not None:
+                    _check_mac(conn, mac, tail, head)
+                self._reply(conn, mac, tag, p.WireStatus.OK)
             else:
                 raise FrameError(f"unknown frame type {ftype}", None)
 
@@ -295,8 +317,8 @@ class TargetServer:
             total += length
         return out, total
 
-    def _read(self, conn: socket.socket, tag: int, parsed: list[tuple[int, int, int]]
-              ) -> p.WireStatus:
+    def _read(self, conn: socket.socket, mac: auth.FrameMac | None, tag: int,
+              parsed: list[tuple[int, int, int]]) -> p.WireStatus:
         held: dict[int, LocalSegment] = {}
         try:
             try:
@@ -305,9 +327,11 @@ class TargetServer:
                     raise _RejectError(p.WireStatus.OUT_OF_RANGE, p.NO_INDEX,
                                   f"READ of {total} bytes over the frame limit "
                                   f"{self.max_frame_bytes}")
-                views: list[memoryview | bytes | bytearray] = [
-                    p.HEADER.pack(p.FrameType.RESP, p.WireStatus.OK, 0, tag, p.NO_INDEX, total)
-                ]
+                reply = p.HEADER.pack(p.FrameType.RESP, p.WireStatus.OK, 0, tag, p.NO_INDEX,
+                                      total)
+                views: list[memoryview | bytes | bytearray] = [reply]
+                if mac is not None:
+                    views.append(mac.seal(reply))
                 for buf, rel, length in targets:
                     view = buf.view
                     if view is not None:
@@ -317,10 +341,10 @@ class TargetServer:
                         buf.read_into(rel, scratch)
                         views.append(scratch)
             except _RejectError as rej:
-                self._reply(conn, tag, rej.status, rej.index, rej.message)
+                self._reply(conn, mac, tag, rej.status, rej.index, rej.message)
                 return rej.status
             except OSError as exc:
-                self._reply(conn, tag, p.WireStatus.INTERNAL, p.NO_INDEX,
+                self._reply(conn, mac, tag, p.WireStatus.INTERNAL, p.NO_INDEX,
                             f"target I/O error: {os.strerror(exc.errno or 0)}")
                 return p.WireStatus.INTERNAL
             send_views(conn, views)
@@ -329,8 +353,8 @@ class TargetServer:
             for seg in held.values():
                 seg.release()
 
-    def _write(self, conn: socket.socket, tag: int, parsed: list[tuple[int, int, int]],
-               payload: int) -> p.WireStatus:
+    def _write(self, conn: socket.socket, mac: auth.FrameMac | None, tag: int,
+               parsed: list[tuple[int, int, int]], payload: int) -> p.WireStatus:
         total = sum(length for _, _, length in parsed)
         if total != payload:
             raise FrameError(f"WRITE payload {payload} bytes != sum of entry lengths {total}",
@@ -341,7 +365,7 @@ class TargetServer:
                 targets, _ = self._resolve(parsed, held)
             except _RejectError as rej:
                 discard(conn, payload)
-                self._reply(conn, tag, rej.status, rej.index, rej.message)
+                self._reply(conn, mac, tag, rej.status, rej.index, rej.message)
                 return rej.status
             views, staged = landing_views(targets)
             recv_into_views(conn, views)
@@ -349,18 +373,32 @@ class TargetServer:
                 for buf, rel, scratch in staged:
                     buf.write_from(rel, scratch)
             except OSError as exc:
-                self._reply(conn, tag, p.WireStatus.INTERNAL, p.NO_INDEX,
+                self._reply(conn, mac, tag, p.WireStatus.INTERNAL, p.NO_INDEX,
                             f"target I/O error: {os.strerror(exc.errno or 0)}")
                 return p.WireStatus.INTERNAL
-            self._reply(conn, tag, p.WireStatus.OK)
+            self._reply(conn, mac, tag, p.WireStatus.OK)
             return p.WireStatus.OK
         finally:
             for seg in held.values():
                 seg.release()
 
     @staticmethod
-    def _reply(conn: socket.socket, tag: int, status: p.WireStatus, index: int = p.NO_INDEX,
-               message: str = "") -> None:
+    def _reply(conn: socket.socket, mac: auth.FrameMac | None, tag: int, status: p.WireStatus,
+               index: int = p.NO_INDEX, message: str = "") -> None:
         body = message.encode()[:4096]
-        send_views(conn, [p.HEADER.pack(p.FrameType.RESP, status, 0, tag, index, len(body)),
-                          body])
+        head = p.HEADER.pack(p.FrameType.RESP, status, 0, tag, index, len(body))
+        send_views(conn, [head, mac.seal(head), body] if mac is not None else [head, body])
+
+
+def _check_mac(conn: socket.socket, mac: auth.FrameMac, tail: bytearray,
+               *parts: bytes | bytearray | memoryview) -> None:
+    """Read a frame's MAC into ``tail`` and check it over ``parts`` (its control part).
+
+    Raises:
+        FrameError: the MAC is wrong: the frame was forged, altered, replayed or
+            reordered on the way (the connection is closed).
+    """
+    recv_exact_into(conn, memoryview(tail))
+    if not mac.check(tail, *parts):
+        raise FrameError("a frame failed its MAC check (altered, injected or replayed on the "
+                         "way): connection closed", None)

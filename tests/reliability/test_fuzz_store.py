@@ -168,7 +168,7 @@ def _store_frames(payloads: list[bytes]) -> bytes:
 
 @st.composite
 def _node_frames(draw: st.DrawFn) -> bytes:
-    answer = tp.ANSWER.pack(tp.MAGIC, tp.VERSION, bytes(32))
+    answer = tp.ANSWER.pack(tp.MAGIC, tp.VERSION, bytes(32), bytes(32))
     head = tp.HEADER.pack(draw(st.sampled_from([1, 2, 3, 4, 9])), 0, 0, 1,
                           draw(st.integers(0, 3)),
                           draw(st.sampled_from([0, 16, 2**40, 2**64 - 1])))

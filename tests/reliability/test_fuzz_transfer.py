@@ -89,7 +89,7 @@ class GuardedTarget:
                 if not chunk:
                     return b""
                 hello += chunk
-            return p.ANSWER.pack(p.MAGIC, p.VERSION, bytes(32)) if handshake else b""
+            return p.ANSWER.pack(p.MAGIC, p.VERSION, bytes(32), bytes(32)) if handshake else b""
 
         sock = socket.create_connection(self.address, timeout=5)
         try:

@@ -208,7 +208,7 @@ def _node_verdict(endpoint: str, token: str | None) -> int:
         _magic, _version, flags, nonce = tp.HELLO.unpack(hello)
         assert flags & tp.FLAG_AUTH, "the node's data path does not ask for the token"
         digest = auth.respond(token, nonce, tp.AUTH_CONTEXT) if token else bytes(32)
-        sock.sendall(tp.ANSWER.pack(tp.MAGIC, tp.VERSION, digest))
+        sock.sendall(tp.ANSWER.pack(tp.MAGIC, tp.VERSION, digest, bytes(32)))
         verdict = b""
         while len(verdict) < tp.VERDICT.size:
             chunk = sock.recv(tp.VERDICT.size - len(verdict))

@@ -39,8 +39,8 @@ def _raw(engine: TransferEngine, token: str | None = None) -> socket.socket:
     sock = socket.create_connection((host, int(port)), timeout=5)
     _, _, _flags, nonce = p.HELLO.unpack(recv_exact(sock, p.HELLO.size))
     digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token else bytes(32)
-    sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION, digest))
-    _, code = p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))
+    sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION, digest, bytes(32)))
+    _, code, _proof = p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))
     assert code == p.Verdict.OK
     return sock
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hmac
 import itertools
 import logging
 import queue
@@ -87,37 +88,80 @@ class _Frame:
         return [piece[0] for piece in self.pieces]
 
 
+class _Conn(socket.socket):
+    """A connection to a target, with the MACs its frames carry when a token is set."""
+
+    mac: auth.FrameMac | None = None
+
+
+def _mac_of(sock: socket.socket) -> auth.FrameMac | None:
+    return sock.mac if isinstance(sock, _Conn) else None
+
+
+def _sealed(sock: socket.socket, control: bytes, *more: bytes) -> list[bytes]:
+    """``control`` (and ``more``) followed by the frame's MAC when the connection has one."""
+    mac = _mac_of(sock)
+    return [control, *more] if mac is None else [control, *more, mac.seal(control, *more)]
+
+
+def _check_reply_mac(sock: socket.socket, head: bytes | bytearray) -> None:
+    mac = _mac_of(sock)
+    if mac is not None and not mac.check(recv_exact(sock, auth.FRAME_MAC_BYTES), head):
+        raise FrameError("a reply failed its MAC check (altered, injected or replayed on the "
+                         "way)", "the connection is closed and the request retried; if it "
+                         "repeats, something between the hosts rewrites traffic")
+
+
 def open_connection(host: str, port: int, *, token: str | None, local_address: str | None,
                     connect_timeout_s: float, timeout_s: float) -> socket.socket:
     """Connect, run the handshake and return a blocking socket with I/O timeouts set.
 
+    With a token the target must prove it knows it too, and the connection's frames carry
+    MACs (see :mod:`kvctl.transfer.protocol`).
+
     Raises:
-        AuthError: the target requires a token we lack, or refused ours.
+        AuthError: the target requires a token we lack, refused ours, or could not prove
+            it knows the token.
         OSError / FrameError: the connection or handshake failed.
     """
     source = (local_address, 0) if local_address else None
-    sock = socket.create_connection((host, port), timeout=connect_timeout_s,
-                                    source_address=source)
+    plain = socket.create_connection((host, port), timeout=connect_timeout_s,
+                                     source_address=source)
+    sock = _Conn(plain.family, plain.type, plain.proto, fileno=plain.detach())
     try:
+        sock.settimeout(connect_timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         hello = recv_exact(sock, p.HELLO.size)
         magic, version, flags, nonce = p.HELLO.unpack(hello)
         if magic != p.MAGIC:
             raise FrameError(f"{host}:{port} is not a kvctl transfer target",
                              "check the segment's published address")
+        if version != p.VERSION:
+            raise FrameError(f"target {host}:{port} speaks transfer protocol version {version}, "
+                             f"this kvctl {p.VERSION}", "run the same kvctl version on both ends")
         if flags & p.FLAG_AUTH and not token:
             raise AuthError(f"target {host}:{port} requires a token",
                             "set KVCTL_TOKEN (or common.token) to the cluster's shared token")
-        digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token and (
-            flags & p.FLAG_AUTH) else bytes(auth.DIGEST_BYTES)
-        sock.sendall(p.ANSWER.pack(p.MAGIC, min(version, p.VERSION), digest))
-        _, code = p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))
+        authed = bool(token and flags & p.FLAG_AUTH)
+        client_nonce = auth.new_nonce() if authed else bytes(auth.NONCE_BYTES)
+        digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token and authed \
+            else bytes(auth.DIGEST_BYTES)
+        sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION, digest, client_nonce))
+        _, code, proof = p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))
         if code == p.Verdict.AUTH_REFUSED:
             raise AuthError(f"target {host}:{port} refused our token",
                             "use the same KVCTL_TOKEN as the target")
         if code != p.Verdict.OK:
             raise FrameError(f"target {host}:{port} refused protocol version {p.VERSION}",
                              "run the same kvctl version on both ends")
+        if token and authed:
+            expected = auth.server_proof(token, bytes(nonce), client_nonce, p.AUTH_CONTEXT)
+            if not hmac.compare_digest(expected, bytes(proof)):
+                raise AuthError(f"target {host}:{port} could not prove it knows the token",
+                                "something answers at that address that is not the target "
+                                "you meant (or it has another token); check the address")
+            sock.mac = auth.FrameMac(auth.session_key(token, bytes(nonce), client_nonce,
+                                                      p.AUTH_CONTEXT), client=True)
         set_io_timeouts(sock, timeout_s)
     except BaseException:
         sock.close()
@@ -340,14 +384,15 @@ class _Peer:
             entry = p.ENTRY.pack(seg_id, offset, length)
             head = bytearray(p.HEADER.size)
             if op is OpCode.READ:
-                send_views(sock, [p.HEADER.pack(p.FrameType.READ, 0, 0, tag, 1, 0) + entry])
+                send_views(sock, _sealed(sock, p.HEADER.pack(p.FrameType.READ, 0, 0, tag, 1, 0)
+                                         + entry))
                 payload = self._response(sock, head, tag, self.poller)
                 if payload != length:
                     raise FrameError(f"READ reply of {payload} bytes, expected {length}", None)
                 recv_exact_into(sock, local)
             else:
-                send_views(sock, [p.HEADER.pack(p.FrameType.WRITE, 0, 0, tag, 1, length)
-                                  + entry, local])
+                send_views(sock, [*_sealed(sock, p.HEADER.pack(p.FrameType.WRITE, 0, 0, tag, 1,
+                                                                length) + entry), local])
                 self._response(sock, head, tag, self.poller)
         except _RemoteError:
             self._keep(index, sock)  # type: ignore[arg-type]  # set: the target answered
@@ -398,6 +443,7 @@ class _Peer:
             poller.recv_exact_into(sock, memoryview(head))
         else:
             recv_exact_into(sock, memoryview(head))
+        _check_reply_mac(sock, head)
         ftype, status, _, rtag, index, payload = p.HEADER.unpack(head)
         if ftype != p.FrameType.RESP or rtag != tag:
             raise FrameError(f"unexpected reply (type {ftype}, tag {rtag}, expected {tag})",
@@ -416,11 +462,11 @@ class _Peer:
         """Send one request frame (a WRITE with its payload, gathered); returns its tag."""
         if frame.op is OpCode.READ:
             tag, head = self._entries(path, frame, p.FrameType.READ, 0)
-            send_views(sock, [head])
+            send_views(sock, _sealed(sock, head))
             return tag
         total = sum(piece[4] for piece in frame.pieces)
         tag, head = self._entries(path, frame, p.FrameType.WRITE, total)
-        views: list[memoryview | bytes] = [head]
+        views: list[memoryview | bytes] = [*_sealed(sock, head)]
         for _, lbuf, lrel, _, length in frame.pieces:
             view = lbuf.view
             if view is not None:
@@ -461,9 +507,10 @@ class _Peer:
                             host, port, token=t.token, local_address=None,
                             connect_timeout_s=t.connect_timeout_s, timeout_s=t.timeout_s)
                     sock = self._control
-                    send_views(sock, [p.HEADER.pack(p.FrameType.NOTIFY, 0, 0, 1, 0, len(body)),
-                                      body])
+                    send_views(sock, _sealed(sock, p.HEADER.pack(p.FrameType.NOTIFY, 0, 0, 1, 0,
+                                                                  len(body)), body))
                     head = recv_exact(sock, p.HEADER.size)
+                    _check_reply_mac(sock, head)
                     ftype, status, _, _, _, payload = p.HEADER.unpack(head)
                     if payload:
                         recv_exact(sock, min(payload, 65536))
