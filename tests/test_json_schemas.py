@@ -37,7 +37,8 @@ Kvctl = Callable[..., CliResult]
 EXAMPLES = REPO / "examples" / "keys"
 
 #: Kinds whose documents are validated by another module (see the module docstring).
-ELSEWHERE = {"cluster.runbook": "tests/cluster/test_hosts_runbook.py"}
+ELSEWHERE = {"cluster.runbook": "tests/cluster/test_hosts_runbook.py",
+             "store.top": "tests/store/test_top.py"}  # kvctl's and Mooncake's, with traffic
 
 
 def emitted_kinds() -> set[str]:

@@ -557,6 +557,91 @@ def _status_dict(st: p.StoreStatus) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------- top
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    master: MasterOpt = None,
+    backend: BackendOpt = "kvctl",
+    metrics: Annotated[str | None, typer.Option(
+        "--metrics", show_default=False,
+        help="Metrics HOST:PORT or URL. kvctl: the master's --metrics-port (default: the "
+        "one a local 'kvctl store serve' published); mooncake: mooncake_master's HTTP "
+        "port (default: the master's host, port 9003).")] = None,
+    interval: Annotated[str, typer.Option(
+        "--interval", help="Time between refreshes, and what rates are measured over.")
+    ] = "1s",
+    once: Annotated[bool, typer.Option(
+        "--once", help="Print one view (rates over one --interval) and exit.")] = False,
+    json_: JsonOpt = False,
+) -> None:
+    """Watch a store live: nodes, capacity and usage per tier, hit/miss/eviction rates,
+    ops/s and p99 per operation, recent errors. q or Ctrl-C quits.
+
+    kvctl: status over the store protocol, rates from the master's metrics endpoint (start
+    it with --metrics-port). mooncake: mooncake_master's /health, /get_segments_detail and
+    /metrics (Mooncake exports no latency histogram: no p99). --json implies --once.
+
+    Example: kvctl store top --master 10.0.0.5:50051 --metrics 10.0.0.5:9101
+    """
+    from kvctl.top.screen import LIVE_NODES, render, watch
+    from kvctl.top.session import TopSession, read_once
+    from kvctl.top.sources import KvctlSource, MooncakeSource, Source
+    from kvctl.units import parse_duration
+
+    _check_backend(backend)
+    interval_s = parse_duration(interval, what="--interval")
+    if not 0.1 <= interval_s <= 3600:
+        raise UsageError(f"--interval {interval} is not between 0.1 s and 1 h",
+                         "use e.g. --interval 1s (rates are measured over it)")
+    once = once or json_
+    if not once and not sys.stdout.isatty():
+        raise UsageError("the live view of 'store top' needs a terminal, and stdout is not one",
+                         "for scripts use --once --json (or --once for one table)")
+    opts = global_options(ctx)
+    settings = opts.settings(StoreSettings, master=master)
+    source: Source
+    if backend == "mooncake":
+        if not settings.master:
+            raise UsageError("--backend mooncake needs --master HOST:PORT of a mooncake_master",
+                             "pass its RPC address, e.g. --master 10.0.0.1:50051")
+        from kvctl.store.mooncake import probe_master
+
+        probe_master(settings.master)  # a kvctl master or a dead port is named first
+        source = MooncakeSource(settings.master, metrics=metrics)
+    else:
+        from kvctl.store.embedded import discovered_metrics
+
+        address = resolve_master(settings)
+        source = KvctlSource(address, token=opts.settings(CommonSettings).token,
+                             metrics=metrics or discovered_metrics(address))
+    out = opts.output(json_mode=json_)
+    try:
+        if once:
+            with stop_on_signal() as stop:
+                view = read_once(source, interval_s, stop=stop)
+            if json_:
+                out.emit_json("store.top", view.to_json())
+            else:
+                out.print(render(view))
+            return
+        session = TopSession(source)
+        view, problem = session.next()  # a wrong address fails here, before the screen
+
+        def frame() -> Any:
+            shown, stale = session.next()
+            return render(shown, problem=stale, max_nodes=LIVE_NODES)
+
+        with stop_on_signal() as stop:
+            watch(render(view, problem=problem, max_nodes=LIVE_NODES), frame,
+                  interval_s=interval_s,
+                  console=out.console, stop=stop)
+    finally:
+        source.close()
+
+
 # ---------------------------------------------------------------- smoke
 
 

@@ -46,23 +46,52 @@ def resolve_master(settings: StoreSettings) -> str:
     """The master address to use: the setting, else the discovery file, else the default."""
     if settings.master:
         return settings.master
+    info = _discovered()
+    return str(info["master"]) if info else DEFAULT_MASTER
+
+
+def metrics_url(server: MasterServer) -> str | None:
+    """``http://host:port/metrics`` where the master's metrics (and an in-process node's)
+    are served, or ``None``: the address bound (loopback when a token kept them there;
+    loopback for a wildcard bind)."""
+    from kvctl.net.advertise import join_host_port
+    from kvctl.net.bind import LOOPBACK, is_unspecified
+
+    bound = server.metrics.address if server.metrics is not None else None
+    if bound is None:
+        return None
+    host = LOOPBACK if is_unspecified(bound[0]) else bound[0]
+    return f"http://{join_host_port(host, bound[1])}/metrics"
+
+
+def discovered_metrics(master: str) -> str | None:
+    """The metrics URL the local embedded store published, when ``master`` is its
+    address and it serves metrics (else ``None``)."""
+    info = _discovered()
+    if info and info.get("master") == master and isinstance(info.get("metrics"), str):
+        return str(info["metrics"])
+    return None
+
+
+def _discovered() -> dict[str, object] | None:
+    """The discovery file's contents, when it is ours and its process runs."""
     path = discovery_path()
     try:
         private_dir(path.parent, what="discovery directory")
     except UnsafePathError as exc:
         _log.warning("%s; ignoring its discovery file", exc.cause)
-        return DEFAULT_MASTER
+        return None
     except OSError:
-        return DEFAULT_MASTER
+        return None
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         with os.fdopen(fd, encoding="utf-8") as f:
             if os.fstat(f.fileno()).st_uid != os.getuid():
-                return DEFAULT_MASTER
+                return None
             info = json.loads(f.read(65536))
-        if pid_alive(int(info["pid"])):
-            return str(info["master"])
-    return DEFAULT_MASTER
+        if isinstance(info, dict) and pid_alive(int(info["pid"])):
+            return info
+    return None
 
 
 def master_config(settings: StoreSettings) -> MasterConfig:
@@ -163,7 +192,8 @@ class EmbeddedStore:
             private_dir(path.parent, what="discovery directory")
             fd, tmp = create_private(path.parent, "store.json")
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(json.dumps({"master": self.address, "pid": os.getpid()}))
+                f.write(json.dumps({"master": self.address, "pid": os.getpid(),
+                                    "metrics": metrics_url(self.server)}))
             tmp.replace(path)
             self._discovery = path
         except UnsafePathError as exc:

@@ -43,8 +43,35 @@ def _latency(seconds: float | None) -> str:
     return f"{seconds:.2f} s"
 
 
-def render(view: TopView, *, problem: str | None = None) -> Group:
-    """One frame. ``problem``: why this frame is stale (the last read failed)."""
+#: Nodes listed in the live view (the most troubled and fullest first); the rest counted.
+LIVE_NODES = 16
+
+
+def _nodes(view: TopView, limit: int | None) -> Table:
+    rows = sorted(view.nodes, key=lambda n: (n.state.lower() in ("alive", "ok"),
+                                             -(n.dram_used_bytes / (n.dram_capacity_bytes or 1)),
+                                             n.name))
+    shown = rows if limit is None else rows[:limit]
+    more = len(rows) - len(shown)
+    table = Table(title=f"nodes ({len(view.nodes)})", title_justify="left",
+                  caption=f"{more} more: kvctl store status lists them all" if more else None,
+                  caption_justify="left")
+    for col in ("node", "state", "DRAM", "SSD", "objects", "endpoint"):
+        table.add_column(col)
+    for n in shown:
+        healthy = n.state.lower() in ("alive", "ok")
+        table.add_row(Text(n.name), Text(n.state, style="" if healthy else "bold red"),
+                      _use(n.dram_used_bytes, n.dram_capacity_bytes),
+                      _use(n.ssd_used_bytes, n.ssd_capacity_bytes),
+                      "-" if n.objects is None else f"{n.objects:,}", Text(n.endpoint))
+    return table
+
+
+def render(view: TopView, *, problem: str | None = None, max_nodes: int | None = None
+           ) -> Group:
+    """One frame: header and problems, tiers, lookups, operations, recent errors, then the
+    nodes (at most ``max_nodes``, troubled and fullest first). ``problem``: why this frame
+    is stale (the last read failed)."""
     parts: list[Any] = []
     over = (f"rates over {view.interval_s:.1f} s" if view.interval_s > 0
             else "first reading: rates after the next one")
@@ -59,16 +86,7 @@ def render(view: TopView, *, problem: str | None = None) -> Group:
     for t in view.tiers:
         tiers.add_row(t.tier, _use(t.used_bytes, t.capacity_bytes),
                       "-" if t.objects is None else f"{t.objects:,}")
-    nodes = Table(title=f"nodes ({len(view.nodes)})", title_justify="left")
-    for col in ("node", "state", "DRAM", "SSD", "objects", "endpoint"):
-        nodes.add_column(col)
-    for n in view.nodes:
-        healthy = n.state.lower() in ("alive", "ok")
-        nodes.add_row(Text(n.name), Text(n.state, style="" if healthy else "bold red"),
-                      _use(n.dram_used_bytes, n.dram_capacity_bytes),
-                      _use(n.ssd_used_bytes, n.ssd_capacity_bytes),
-                      "-" if n.objects is None else f"{n.objects:,}", Text(n.endpoint))
-    parts += [tiers, nodes]
+    parts.append(tiers)
     lk = view.lookups
     if lk is not None:
         ratio = "-" if lk.hit_ratio is None else f"{lk.hit_ratio:.1%}"
@@ -92,6 +110,7 @@ def render(view: TopView, *, problem: str | None = None) -> Group:
             errors.add_row(e.op, Text(e.outcome, style="red"), str(e.recent), f"{e.total:,}",
                            "before" if e.age_s is None else f"{e.age_s:.0f} s ago")
         parts.append(errors)
+    parts.append(_nodes(view, max_nodes))
     parts += [Text(note, style="dim") for note in view.notes]
     return Group(*parts)
 
