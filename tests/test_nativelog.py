@@ -35,10 +35,12 @@ def test_inside_the_context_native_writes_go_to_the_file_python_stays(tmp_path: 
         "print(path)\n", tmp_path)
     assert proc.returncode == 0, proc.stderr
     path = Path(proc.stdout.strip())
-    assert path.parent == tmp_path and path.name.startswith("lib-")
+    assert path.parent == tmp_path
+    assert path.name.startswith("lib-")
     assert "native line" in path.read_text()
     assert "native line" not in proc.stderr
-    assert "python line" in proc.stderr and "LOG a warning" in proc.stderr
+    assert "python line" in proc.stderr
+    assert "LOG a warning" in proc.stderr
     assert "after" in proc.stderr  # fd 2 is back once the last user leaves
     assert path.stat().st_mode & 0o077 == 0
 
@@ -53,7 +55,8 @@ def test_an_engine_process_sends_fd_1_and_2_to_its_log(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""  # stdout carries only results
     (log,) = tmp_path.glob("engine-*.log")
-    assert "native out" in log.read_text() and "native err" in log.read_text()
+    assert "native out" in log.read_text()
+    assert "native err" in log.read_text()
     assert f"kvctl says {log}" in proc.stderr
 
 
