@@ -12,6 +12,7 @@ from kvctl.commands._common import JsonOpt, global_options
 from kvctl.errors import CheckFailedError
 from kvctl.output import check_entry
 from kvctl.runbook.model import Verdict, load_runbook, step_kinds
+from kvctl.runbook.report_html import check_report_path, write_report
 from kvctl.runbook.runner import builtin_runbook, run_runbook
 from kvctl.wording import plural
 
@@ -28,6 +29,12 @@ def runbook(
     list_checks: Annotated[
         bool, typer.Option("--list-checks", help="List the check kinds a runbook can use.")
     ] = False,
+    report_file: Annotated[
+        Path | None,
+        typer.Option("--report", help="Also write one self-contained HTML file (verdicts, "
+                     "bench plot, topo matrix, doctor findings) to forward.",
+                     show_default=False),
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Validate a host, a fabric and a cache in one run; exit 1 if any check failed.
@@ -39,6 +46,8 @@ def runbook(
     simulation summary. More runbooks live in examples/runbooks/.
 
     Example: kvctl runbook examples/runbooks/single-host.yaml --json > report.json
+
+    Example: kvctl runbook --report report.html
     """
     opts = global_options(ctx)
     out = opts.output(json_mode=json_out)
@@ -58,6 +67,8 @@ def runbook(
             out.print(table)
         return
     book = load_runbook(file) if file is not None else builtin_runbook()
+    if report_file is not None:
+        check_report_path(report_file)  # before a run of a minute, not after it
     with out.progress(f"runbook {book.name}", total=len(book.steps)) as bar:
         def progress(message: str) -> None:
             if message.endswith(": running"):
@@ -87,6 +98,8 @@ def runbook(
             table.add_row(r.check, f"[{style}]{r.verdict.value}[/{style}]", r.measured,
                           r.threshold, r.hint or "")
         out.print(table)
+    if report_file is not None:
+        out.info(f"Report written to {write_report(report, report_file)}")
     if not report.passed:
         failed = [r.check for r in report.results if r.verdict is Verdict.FAIL]
         raise CheckFailedError(f"{plural(len(failed), 'check')} failed: {', '.join(failed)}",

@@ -71,13 +71,35 @@ class CheckResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class Artifact:
+    """Something a step measured beyond its verdict rows, for reports (``--report``).
+
+    Attributes:
+        step: the step's name.
+        kind: ``bench-rows`` (bench ResultRows), ``topology`` (a topo Topology) or
+            ``topo-findings`` (topo doctor Findings).
+        value: the object itself (not JSON: the HTML report renders it).
+    """
+
+    step: str
+    kind: str
+    value: Any
+
+
+@dataclasses.dataclass(frozen=True)
 class RunContext:
-    """What every step may use: a scratch directory, a progress callback, and the kvctl
-    config file in force (``--config``/``KVCTL_CONFIG``) for settings such as the token."""
+    """What every step may use: a scratch directory, a progress callback, the kvctl config
+    file in force (``--config``/``KVCTL_CONFIG``) for settings such as the token, and a place
+    to leave :class:`Artifact` values for reports (:meth:`attach`)."""
 
     workdir: Path
     progress: Callable[[str], None] = lambda _msg: None
     config_file: Path | None = None
+    attached: list[tuple[str, Any]] = dataclasses.field(default_factory=list)
+
+    def attach(self, kind: str, value: Any) -> None:
+        """Keep ``value`` (of artifact ``kind``) for the report of this run."""
+        self.attached.append((kind, value))
 
     def settings(self, cls: type[P]) -> P:
         """Settings section ``cls`` resolved like a command's: defaults < config < env."""

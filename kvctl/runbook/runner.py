@@ -11,7 +11,14 @@ from importlib import resources
 from pathlib import Path
 
 from kvctl.errors import KvctlError, UnavailableError
-from kvctl.runbook.model import CheckResult, Runbook, RunContext, Verdict, parse_runbook
+from kvctl.runbook.model import (
+    Artifact,
+    CheckResult,
+    Runbook,
+    RunContext,
+    Verdict,
+    parse_runbook,
+)
 from kvctl.yamlfile import load_yaml
 
 _log = logging.getLogger("kvctl.runbook")
@@ -28,12 +35,14 @@ class RunbookReport:
         results: one row per check, in run order.
         passed: no check failed (skips do not fail a runbook).
         duration_s: wall time of the whole run, in seconds.
+        artifacts: what steps measured beyond their rows (bench rows, topology, findings).
     """
 
     name: str
     results: tuple[CheckResult, ...]
     passed: bool
     duration_s: float
+    artifacts: tuple[Artifact, ...] = ()
 
 
 def builtin_runbook(name: str = BUILTIN) -> Runbook:
@@ -52,6 +61,7 @@ def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = No
     notify = progress or (lambda _msg: None)
     started = time.perf_counter()
     results: list[CheckResult] = []
+    artifacts: list[Artifact] = []
     with tempfile.TemporaryDirectory(prefix="kvctl-runbook-") as tmp:
         ctx = RunContext(workdir=workdir or Path(tmp), progress=notify,
                          config_file=config_file)
@@ -67,10 +77,13 @@ def run_runbook(runbook: Runbook, *, progress: Callable[[str], None] | None = No
             except KvctlError as exc:
                 rows = [CheckResult("", Verdict.FAIL, exc.cause, hint=exc.hint)]
             elapsed = time.perf_counter() - t0
+            artifacts += [Artifact(step.name, kind, value) for kind, value in ctx.attached]
+            ctx.attached.clear()
             for row in rows:
                 name = f"{step.name}: {row.check}" if row.check else step.name
                 results.append(dataclasses.replace(row, check=name, duration_s=elapsed))
             _log.info("%s finished in %.1f s", step.name, elapsed)
             notify(f"{step.name}: done")
     passed = all(r.verdict is not Verdict.FAIL for r in results)
-    return RunbookReport(runbook.name, tuple(results), passed, time.perf_counter() - started)
+    return RunbookReport(runbook.name, tuple(results), passed, time.perf_counter() - started,
+                         tuple(artifacts))

@@ -60,6 +60,8 @@ def topo_doctor(params: TopoDoctorParams, ctx: RunContext) -> list[CheckResult]:
                           f"use one of {', '.join(order)}")
     topology = load_topology(TopoSettings(sysfs_root=params.sysfs_root), params.snapshot)
     findings = run_doctor(topology)
+    ctx.attach("topology", topology)
+    ctx.attach("topo-findings", findings)
     threshold = _severity_rank(params.fail_on)
     failing = [f for f in findings if _severity_rank(f.severity.value) >= threshold]
     counts = {s.value: sum(1 for f in findings if f.severity is s) for s in Severity}
@@ -214,6 +216,7 @@ def bench_transfer(params: BenchTransferParams, ctx: RunContext) -> list[CheckRe
                          token=ctx.settings(CommonSettings).token)
     report = run_transfer_bench(build_sweep(settings), options,
                                 on_row=lambda row: ctx.progress(f"bench {row.label()}"))
+    ctx.attach("bench-rows", report.rows)
     threshold = " and ".join(
         t for t in (f">= {params.expect_gbytes_per_s:g} GB/s" if params.expect_gbytes_per_s
                     else "",
