@@ -45,7 +45,7 @@ from typing import Any
 
 import msgspec
 
-from kvctl.errors import KvctlError
+from kvctl.errors import KvctlError, NotFoundError
 from kvctl.store import protocol as p
 from kvctl.store.arena import DEFAULT_RESERVE_BYTES, Arena, Arenas
 from kvctl.store.checksum import checksum
@@ -863,6 +863,21 @@ class StoreClient:
     def pin(self, key: str, pinned: bool = True) -> None:
         """Pin ``key`` so it is never evicted (or unpin it)."""
         self._expect(self._call(p.Pin(key=self.namespace + key, pinned=pinned)), p.Ok, key)
+
+    def drop_node(self, node_id: str) -> None:
+        """Drop storage node ``node_id`` now, with its objects' copies on it (the shared
+        token only; what a node silent past its grace gets): objects with no copy left are
+        lost. A node still running registers again with new memory.
+
+        Raises:
+            NotFoundError: no node of that name is registered.
+            StoreForbiddenError: a tenant's token.
+        """
+        reply = self._call(p.DropNode(node_id=node_id))
+        if isinstance(reply, p.Fail) and reply.error.code == "not_found":
+            raise NotFoundError(reply.error.cause,
+                                reply.error.hint or "see kvctl store status for the nodes")
+        self._expect(reply, p.Ok)
 
     def status(self) -> p.StoreStatus:
         """Nodes, capacity, usage, evictions and tiers."""

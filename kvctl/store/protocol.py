@@ -153,9 +153,11 @@ class NodeStatus(Struct, frozen=True):
     #: Why the SSD tier is not ``ok`` (the node's last error), else empty.
     ssd_error: str = ""
     #: ``alive``, ``suspect`` (silent past the node timeout: no placements, no reads, its
-    #: objects kept until its grace ends) or ``restored`` (from a restarted master's state,
-    #: not registered again yet).
+    #: objects kept until its grace ends), ``restored`` (from a restarted master's state,
+    #: not registered again yet) or ``dropped`` (in :attr:`StoreStatus.dropped` only).
     state: str = ""
+    #: for a dropped node, why it was dropped.
+    dropped_why: str = ""
 
 
 class StoreStatus(Struct, frozen=True):

@@ -61,6 +61,9 @@ class MasterBase:
     #: node id -> epoch of nodes declared dead: that memory must not come back (clients
     #: may still write to locations in it), the node registers new memory instead.
     _dropped: dict[str, str]
+    #: node id -> (last heard from, dropped at, why) of the latest drops (observed clock),
+    #: for ``status``
+    _recent_drops: dict[str, tuple[float, float, str]]
     _reports: dict[int, p.TaskReport]
     _versions: Iterator[int]
     _task_ids: Iterator[int]

@@ -68,6 +68,7 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
         self._deferred_seq = itertools.count()
         self._reservations = {}
         self._dropped = {}
+        self._recent_drops = {}
         #: names this run of the master (sent in Hello): reservations die with it.
         self.instance = secrets.token_hex(8)
         self._reports = {}

@@ -92,6 +92,10 @@ class DropJob(Job):
         return True
 
 
+#: How many dropped nodes ``status`` remembers (most recent).
+RECENT_DROPS = 64
+
+
 class LivenessMixin(MasterBase):
     """Registration, heartbeats, suspicion and dropping of nodes."""
 
@@ -128,6 +132,7 @@ class LivenessMixin(MasterBase):
                         msg.capacity_bytes, msg.ssd_capacity_bytes, msg.ssd_policy,
                         last_seen=now, descriptor=msg.descriptor)
             self._nodes[msg.node_id] = node
+            self._recent_drops.pop(msg.node_id, None)
             self.state.put_node(node.record())
             _log.info("node %s registered: %d bytes DRAM, SSD %s", msg.node_id,
                       msg.capacity_bytes, msg.ssd_policy)
@@ -201,6 +206,11 @@ class LivenessMixin(MasterBase):
         node.state = DROPPED
         if self._nodes.get(node.node_id) is node:
             del self._nodes[node.node_id]
+        drops = self._recent_drops
+        drops.pop(node.node_id, None)
+        drops[node.node_id] = (node.last_seen, self._observed(), why)
+        while len(drops) > RECENT_DROPS:
+            del drops[next(iter(drops))]
         self.state.delete_node(node.node_id)
         self._leave_reservations(node)
         for key, obj in list(self._pending.items()):

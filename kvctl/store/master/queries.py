@@ -170,4 +170,9 @@ class QueriesMixin(MasterBase):
                 tiers=self._index.tiers, state=self.state.description,
                 high_watermark=self.config.high_watermark, evict_ratio=self.config.evict_ratio,
                 reserved_bytes=sum(res.free.free_bytes * len(res.starts)
-                                   for res in self._reservations.values()))
+                                   for res in self._reservations.values()),
+                dropped=[p.NodeStatus(
+                    node_id=nid, alive=False, capacity_bytes=0, used_bytes=0, objects=0,
+                    ssd_capacity_bytes=0, ssd_used_bytes=0, ssd_objects=0, ssd_policy="off",
+                    endpoint="", last_heartbeat_s=seen_now - last, state="dropped",
+                    dropped_why=why) for nid, (last, _, why) in self._recent_drops.items()])
