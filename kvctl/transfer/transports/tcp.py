@@ -120,8 +120,8 @@ def open_connection(host: str, port: int, *, token: str | None, local_address: s
     MACs (see :mod:`kvctl.transfer.protocol`).
 
     Raises:
-        AuthError: the target requires a token we lack, refused ours, or could not prove
-            it knows the token.
+        AuthError: the target requires a token we lack, refused ours, asks for none while
+            we have one, or could not prove it knows the token.
         OSError / FrameError: the connection or handshake failed.
     """
     source = (local_address, 0) if local_address else None
@@ -142,7 +142,13 @@ def open_connection(host: str, port: int, *, token: str | None, local_address: s
         if flags & p.FLAG_AUTH and not token:
             raise AuthError(f"target {host}:{port} requires a token",
                             "set KVCTL_TOKEN (or common.token) to the cluster's shared token")
-        authed = bool(token and flags & p.FLAG_AUTH)
+        if token and not flags & p.FLAG_AUTH:
+            # A target that asks for no token proves nothing: an impostor, or a relay that
+            # cleared the flag, would otherwise get this side's frames with no MACs.
+            raise AuthError(f"target {host}:{port} asks for no token, but this side has one",
+                            "set the same KVCTL_TOKEN (or common.token) on both hosts, or "
+                            "unset it here")
+        authed = bool(token)
         client_nonce = auth.new_nonce() if authed else bytes(auth.NONCE_BYTES)
         digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token and authed \
             else bytes(auth.DIGEST_BYTES)
