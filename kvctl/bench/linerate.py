@@ -47,9 +47,11 @@ _log = logging.getLogger("kvctl.bench")
 #: Connections per initiator thread of the loopback TCP baseline (the kvctl engine's default
 #: connections per peer).
 TCP_STREAMS = 4
-#: Largest buffer the memcpy baseline allocates per thread and side.
+#: Most buffer the memcpy baseline allocates per side, all threads together (at least 1 MiB
+#: per thread): no cache holds that much, so a larger working set measures the same.
 MAX_BUFFER_BYTES = 256 << 20
-#: Largest buffer per connection of the TCP baseline (the kernel's copies dominate there).
+#: Most bytes one connection of the TCP baseline sends before its acknowledgement, per
+#: thread's share of this (at least 64 KiB; the kernel's copies dominate there).
 MAX_TCP_BUFFER_BYTES = 32 << 20
 #: Rounds per measurement (the best counts) and the least time of one round.
 ROUNDS = 6
@@ -118,7 +120,7 @@ def measure_memcpy(shape: Shape, *, rounds: int = ROUNDS, round_s: float = ROUND
                    ) -> LineRate:
     """Copy each batch's bytes between two buffers of that size, in ``shape.threads``
     threads at once, for rounds of at least ``round_s``; the best round is the rate."""
-    size = min(shape.batch_bytes, MAX_BUFFER_BYTES)
+    size = min(shape.batch_bytes, max(1 << 20, MAX_BUFFER_BYTES // shape.threads))
     maps: list[mmap.mmap] = []
     addresses: list[tuple[int, int]] = []
     for _ in range(shape.threads):
@@ -182,7 +184,8 @@ def measure_tcp_loopback(shape: Shape, *, streams: int = TCP_STREAMS, rounds: in
     """
     # every stream carries a share (ceil); a share bigger than the buffer is acknowledged per
     # buffer (one round trip per 32 MiB is nothing next to moving them), so rounds stay short
-    per_stream = min(-(-shape.batch_bytes // streams), MAX_TCP_BUFFER_BYTES)
+    per_stream = min(-(-shape.batch_bytes // streams),
+                     max(64 << 10, MAX_TCP_BUFFER_BYTES // shape.threads))
     total = shape.threads * streams
     try:
         listener = socket.create_server(("127.0.0.1", 0), backlog=total)

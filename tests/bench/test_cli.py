@@ -276,3 +276,20 @@ def test_help_has_an_example(kvctl: Callable[..., Any]) -> None:
     r = kvctl("bench", "transfer", "--help")
     assert r.exit_code == 0
     assert "Example:" in r.stdout
+
+
+def test_runbook_steps_and_environment_accept_the_old_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from kvctl.bench.spec import BenchSettings
+    from kvctl.config import from_mapping, load_section
+    from kvctl.runbook.steps import BenchTransferParams
+
+    params = from_mapping(BenchTransferParams, {"expect_gbps": 5}, "book.yaml: step 1")
+    assert params.expect_gbytes_per_s == 5
+    assert "book.yaml: step 1: expect_gbps is deprecated" in caplog.text
+    env = {"KVCTL_BENCH_EXPECT_GBPS": "7"}
+    assert load_section(BenchSettings, env=env).expect_gbytes_per_s == 7
+    both = {"KVCTL_BENCH_EXPECT_GBPS": "7", "KVCTL_BENCH_EXPECT_GBYTES_PER_S": "9"}
+    assert load_section(BenchSettings, env=both).expect_gbytes_per_s == 9  # new name wins
+    both_reversed = dict(reversed(list(both.items())))
+    assert load_section(BenchSettings, env=both_reversed).expect_gbytes_per_s == 9
