@@ -78,7 +78,7 @@ def _get_keys(metrics: ServerMetrics) -> Any:
 
 def _count_get(metrics: ServerMetrics, reply: p.GetReply) -> tuple[str, int]:
     keys = _get_keys(metrics)
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     size = 0
     for slot in reply.slots:
         if isinstance(slot, p.ErrorInfo):
@@ -88,12 +88,13 @@ def _count_get(metrics: ServerMetrics, reply: p.GetReply) -> tuple[str, int]:
         else:
             key_outcome = HIT
             size += slot.size
-        keys.labels(key_outcome).inc()
-        seen.add(key_outcome)
+        seen[key_outcome] = seen.get(key_outcome, 0) + 1
+    for key_outcome, count in seen.items():
+        metrics.child(keys, key_outcome).inc(count)
     for outcome in _GET_PRECEDENCE:
         if outcome in seen:
             return outcome, size
-    errors = seen - {HIT}
+    errors = set(seen) - {HIT}
     return (min(errors) if errors else (HIT if seen else OK)), size
 
 
