@@ -188,7 +188,7 @@ def test_key_consistency_diagnoses_an_instance_that_differs(
     assert agree["measured"] == "5/15 prompt pairs match"  # a=b; a≠c and b≠c on 5 prompts
     assert "diverge at block 0" in agree["hint"]
     assert "PYTHONHASHSEED differs" in agree["hint"]
-    assert "Error: 1 check(s) failed: across instances: instances agree" in r.stderr
+    assert "Error: 1 check failed: across instances: instances agree" in r.stderr
 
 
 # -- two hosts, on loopback -------------------------------------------------------------------
