@@ -5,28 +5,34 @@ Every master started with the same etcd URL and cluster id campaigns for one key
 host and pid):
 
 - **Claim**: a lease of ``ttl_s`` is granted, then one transaction puts the key under that
-  lease only if it is absent (etcd compare ``create_revision == 0``). Exactly one master
-  wins; the key's mod revision is its **term**, increasing from leader to leader (every
-  claim is a newer etcd revision).
+  lease only if it is absent (etcd compare ``create_revision == 0``), and puts
+  ``.../store/term`` (no lease) beside it. Exactly one master wins; the transaction's
+  revision, which the term key keeps as its mod revision, is its **term**, increasing from
+  leader to leader (every claim is a newer etcd revision).
 - **Standby**: a master that lost reads the key every ``poll_s`` and claims it once it is
   gone (the leader's lease expired, or it resigned). It loads nothing, writes nothing and
   listens on nothing meanwhile. A leader recorded on this very host (same hostname, boot
   and pid namespace) whose pid is gone is replaced at once (compare on its mod revision):
   a master restarted after a crash does not wait out the TTL.
-- **Leading**: a keeper renews the lease every ``ttl_s / 3`` and reads the key back. A
-  master may serve while its last renewal is under ``ttl_s`` old (measured from before
+- **Leading**: a keeper renews the lease every ``ttl_s / 3`` and reads the term key back.
+  A master may serve while its last renewal is under ``ttl_s`` old (measured from before
   the renewal was sent, so never longer than etcd keeps the lease). Past that, the next
-  request renews first (one at a time): a master SIGSTOPped past its TTL learns it lost
-  before it answers anything. While etcd cannot be reached at all, the master keeps
-  serving reads (nobody can be elected through an etcd that answers no one); its writes
-  fail anyway.
-- **Fencing**: every state transaction of the leader carries ``mod_revision(key) ==
+  request renews first (one at a time): a master SIGSTOPped past its TTL learns whether
+  it lost before it answers anything. While etcd cannot be reached at all, the master
+  keeps serving reads (nobody can be elected through an etcd that answers no one); its
+  writes fail anyway.
+- **A lapsed lease** (etcd stalled or out of reach for longer than the TTL, the leader
+  key gone with it): the leader takes the key back under a new lease, in one transaction
+  that also requires the term key unchanged, so it keeps leading in the same term only
+  if no other master claimed in between.
+- **Fencing**: every state transaction of the leader carries ``mod_revision(term key) ==
   term`` (:class:`~kvctl.store.writebehind.MetadataState`), so once another master has
-  claimed the key, nothing the old leader sends applies, whether it was paused, cut off
-  or its request was still on the wire when it died.
-- **Deposed**: an expired lease, the key held by another term, or a fenced write ends the
-  leadership for good (:meth:`Election.check` answers why); ``kvctl store master`` then
-  stops serving and exits, and a supervisor starting it again makes it a standby.
+  claimed, nothing the old leader sends applies, whether it was paused, cut off or its
+  request was still on the wire when it died.
+- **Deposed**: another master's claim (seen in the term key, by a failed take-back or by
+  a fenced write) ends the leadership for good (:meth:`Election.check` answers why);
+  ``kvctl store master`` then stops serving and exits, and a supervisor starting it again
+  makes it a standby.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ _log = logging.getLogger("kvctl.store.master")
 DEFAULT_TTL_S = 5.0
 #: The leader key under the cluster's prefix.
 LEADER_KEY = "store/leader"
+#: The key whose mod revision is the current term (written by every claim, no lease).
+TERM_KEY = "store/term"
 
 
 def leader_key(cluster_id: str = "") -> str:
@@ -79,7 +87,7 @@ class LeaderInfo:
 
     Attributes:
         address: ``host:port`` clients and nodes reach it at.
-        term: the key's mod revision (its claim).
+        term: its term (the revision of its claim).
         host: :func:`this_host` of the leader.
         pid: the leader's process id.
         run: a random name of the leader's run.
@@ -93,11 +101,13 @@ class LeaderInfo:
 
     @classmethod
     def parse(cls, raw: bytes, term: int) -> LeaderInfo | None:
-        """The leader a key value names, or ``None`` for a value kvctl did not write."""
+        """The leader a key value names (``term``: the key's mod revision, the term unless
+        the value names one), or ``None`` for a value kvctl did not write."""
         try:
             data = json.loads(raw)
-            return cls(str(data["address"]), term, str(data.get("host", "")),
-                       int(data.get("pid", 0)), str(data.get("run", "")))
+            return cls(str(data["address"]), int(data.get("term", term)),
+                       str(data.get("host", "")), int(data.get("pid", 0)),
+                       str(data.get("run", "")))
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
@@ -154,10 +164,11 @@ class Election:
         self._etcd = client
         self.url = url
         self.key = leader_key(cluster_id)
+        self.term_key = key_prefix(cluster_id) + TERM_KEY
         self.address = address
         self._run = secrets.token_hex(8)
-        self._value = json.dumps({"address": address, "host": this_host(),
-                                  "pid": os.getpid(), "run": self._run}).encode()
+        self._fields = {"address": address, "host": this_host(), "pid": os.getpid(),
+                        "run": self._run}
         #: this master's term once it leads (the leader key's mod revision), else 0.
         self.term = 0
         self._lease: LeaseId | None = None
@@ -204,11 +215,28 @@ class Election:
             replace = entry[1]
             _log.warning("store master: leader %s ran on this host and is gone; taking "
                          "over without waiting for its lease", info.describe())
+        won, term = self._claim(replace=replace)
+        if not won:
+            entry = self._etcd.get_entry(self.key)
+            if entry is not None:
+                self._standing_by(LeaderInfo.parse(*entry), term)
+            return False
+        self.term = term
+        _log.warning("store master: leading as %s (term %d, lease %g s)", self.address,
+                     term, self.ttl_s)
+        return True
+
+    def _claim(self, *, replace: int = 0, term: int = 0) -> tuple[bool, int]:
+        """Grant a lease and claim the key under it (see :meth:`EtcdMetadata.claim`);
+        when won, the lease is this master's and its validity starts."""
         sent = time.monotonic()
         lease = self._etcd.grant_lease(self.ttl_s)
         try:
-            won, term, raw = self._etcd.claim(self.key, self._value, lease=lease,
-                                              replace=replace)
+            # A take-back names its term (the key's revision is no longer the term's).
+            value = json.dumps({**self._fields, **({"term": term} if term else {})})
+            won, revision = self._etcd.claim(self.key, value.encode(), lease=lease,
+                                             term_key=self.term_key, replace=replace,
+                                             term=term)
         except BaseException:
             with contextlib.suppress(MetadataError):
                 self._etcd.revoke(lease)
@@ -216,28 +244,24 @@ class Election:
         if not won:
             with contextlib.suppress(MetadataError):
                 self._etcd.revoke(lease)
-            if raw is not None:
-                self._standing_by(LeaderInfo.parse(raw, term), term)
-            return False
-        self._lease, self.term = lease, term
+            return False, revision
+        self._lease = lease
         self._valid_until = sent + self.ttl_s
         self._result_at = time.monotonic()
-        _log.warning("store master: leading as %s (term %d, lease %g s)", self.address,
-                     term, self.ttl_s)
-        return True
+        return True, revision
 
     def _gone(self, info: LeaderInfo) -> bool:
         """Whether ``info`` names a master of this host whose process has ended."""
         return (info.host == this_host() and info.pid > 0 and info.pid != os.getpid()
                 and not pid_alive(info.pid))
 
-    def _standing_by(self, info: LeaderInfo | None, term: int) -> None:
-        if self._seen == (term, info is None):
+    def _standing_by(self, info: LeaderInfo | None, revision: int) -> None:
+        if self._seen == (revision, info is None):
             return
-        self._seen = (term, info is None)
+        self._seen = (revision, info is None)
         if info is None:
-            _log.warning("store master: standby; %s holds a value kvctl did not write "
-                         "(term %d)", self.key, term)
+            _log.warning("store master: standby; %s holds a value kvctl did not write",
+                         self.key)
         else:
             _log.warning("store master: standby; leader is %s; taking over once its "
                          "lease (up to %g s) expires", info.describe(), self.ttl_s)
@@ -246,8 +270,8 @@ class Election:
 
     @property
     def fence(self) -> tuple[str, int]:
-        """``(leader key, term)``: the condition every state write of this leader carries."""
-        return self.key, self.term
+        """``(term key, term)``: the condition every state write of this leader carries."""
+        return self.term_key, self.term
 
     def on_deposed(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(why)`` once when the leadership ends (from any thread)."""
@@ -261,18 +285,20 @@ class Election:
                 return
 
     def _renew(self) -> None:
-        """One lease renewal and a read of the key back (``_check`` held)."""
+        """One lease renewal and a read of the term key back (``_check`` held)."""
         if self._deposed is not None or self._lease is None:
             return
         sent = time.monotonic()
         try:
-            self._etcd.keepalive(self._lease)
-            entry = self._etcd.get_entry(self.key)
-        except LeaseExpiredError:
-            self._result_at = time.monotonic()
-            self.depose(f"its lease expired in etcd (stalled or cut off for more than "
-                        f"{self.ttl_s:g} s)")
-            return
+            try:
+                self._etcd.keepalive(self._lease)
+                lapsed = self._etcd.get_entry(self.key) is None  # (deleted by hand)
+            except LeaseExpiredError:
+                lapsed = True
+            if lapsed:
+                self._take_back()
+                return
+            entry = self._etcd.get_entry(self.term_key)
         except MetadataError as exc:
             if self._reachable:
                 _log.warning("store master (term %d): cannot renew its lease: %s",
@@ -282,15 +308,33 @@ class Election:
             return
         self._result_at = time.monotonic()
         if entry is None or entry[1] != self.term:
-            holder = None if entry is None else LeaderInfo.parse(*entry)
-            self.depose("the leader key is gone" if entry is None else
-                        f"the leader key is now held by "
-                        f"{holder.describe() if holder else 'another writer'}")
+            self._lost(0 if entry is None else entry[1])
             return
         if not self._reachable:
             _log.warning("store master (term %d): lease renewed again", self.term)
         self._reachable = True
         self._valid_until = sent + self.ttl_s
+
+    def _take_back(self) -> None:
+        """The lease lapsed (or the key is gone): claim the key again in this term if no
+        other master claimed since, else this master was deposed."""
+        won, term = self._claim(term=self.term)
+        self._reachable = True
+        if won:
+            _log.warning("store master (term %d): its lease had lapsed (etcd stalled or "
+                         "out of reach for more than %g s) and no other master claimed "
+                         "since: leading again in the same term", self.term, self.ttl_s)
+        else:
+            self._lost(term)
+
+    def _lost(self, term: int) -> None:
+        holder = None
+        with contextlib.suppress(MetadataError):
+            entry = self._etcd.get_entry(self.key)
+            holder = None if entry is None else LeaderInfo.parse(*entry)
+        who = holder.describe() if holder is not None else "another master"
+        self.depose(f"{who} claimed the lead (term {term} > {self.term})" if term else
+                    "the term key is gone")
 
     def check(self) -> str | None:
         """``None`` while this master may serve; else why it may not (it was deposed).

@@ -174,29 +174,35 @@ class EtcdMetadata(MetadataClient):
             return self._unb64(kv.get("value", "")), int(kv.get("mod_revision", 0) or 0)
         return None
 
-    def claim(self, key: str, value: bytes, *, lease: LeaseId, replace: int = 0
-              ) -> tuple[bool, int, bytes | None]:
-        """Put ``key`` = ``value`` under ``lease`` in one transaction, only if the key is
-        absent (``replace`` 0) or still at mod revision ``replace``: ``(won, mod revision,
-        value)`` of the key afterwards (``won``: ours, its revision is the transaction's;
-        else whoever holds it, or revision 0 and ``None`` when it is gone)."""
-        encoded = _b64(key.encode())
-        compare = ({"key": encoded, "result": "EQUAL", "target": "MOD",
+    def claim(self, key: str, value: bytes, *, lease: LeaseId, term_key: str,
+              replace: int = 0, term: int = 0) -> tuple[bool, int]:
+        """One transaction of a leader election: put ``key`` = ``value`` under ``lease``
+        only if ``key`` is absent (or, with ``replace``, still at that mod revision).
+        Without ``term`` ``term_key`` is put too (a new term); with it, the claim also
+        needs ``term_key`` still at mod revision ``term`` and leaves it alone (a leader
+        whose lease lapsed takes the key back, keeping its term, if nobody claimed since).
+        ``(won, revision)``: the transaction's revision when won (a new term's number),
+        else ``term_key``'s mod revision (the current term; 0: never claimed)."""
+        encoded, encoded_term = _b64(key.encode()), _b64(term_key.encode())
+        compare = [{"key": encoded, "result": "EQUAL", "target": "MOD",
                     "mod_revision": str(replace)} if replace else
                    {"key": encoded, "result": "EQUAL", "target": "CREATE",
-                    "create_revision": "0"})
-        answer = self._call("kv/txn", {
-            "compare": [compare],
-            "success": [{"request_put": {"key": encoded, "value": _b64(value),
-                                         "lease": str(int(lease))}}],
-            "failure": [{"request_range": {"key": encoded}}]})
+                    "create_revision": "0"}]
+        success = [{"request_put": {"key": encoded, "value": _b64(value),
+                                    "lease": str(int(lease))}}]
+        if term:
+            compare.append({"key": encoded_term, "result": "EQUAL", "target": "MOD",
+                            "mod_revision": str(term)})
+        else:
+            success.append({"request_put": {"key": encoded_term, "value": _b64(value)}})
+        answer = self._call("kv/txn", {"compare": compare, "success": success,
+                                        "failure": [{"request_range": {"key": encoded_term}}]})
         if answer.get("succeeded"):
-            return True, int((answer.get("header") or {}).get("revision", 0) or 0), value
+            return True, int((answer.get("header") or {}).get("revision", 0) or 0)
         for response in answer.get("responses") or []:
             for kv in (response.get("response_range") or {}).get("kvs") or []:
-                return (False, int(kv.get("mod_revision", 0) or 0),
-                        self._unb64(kv.get("value", "")))
-        return False, 0, None
+                return False, int(kv.get("mod_revision", 0) or 0)
+        return False, 0
 
     def delete(self, key: str) -> bool:
         answer = self._call("kv/deleterange", {"key": _b64(key.encode())})
