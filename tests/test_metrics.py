@@ -216,3 +216,9 @@ def test_agent_metrics_port_and_loopback_with_a_token(tmp_path, token: str | Non
         assert sample(text, "kvctl_agent_registered") == 1
     finally:
         stop(proc)
+
+
+def test_metrics_port_outside_a_target_is_refused(kvctl) -> None:
+    r = kvctl("bench", "transfer", "--metrics-port", "0", "-b", "4KiB", "-n", "1", "-i", "1")
+    assert r.exit_code == 2
+    assert "--metrics-port is for --role target" in r.stderr

@@ -186,6 +186,9 @@ def transfer(
     if settings.role == "initiator" and not settings.peer:
         raise UsageError("--role initiator needs --peer",
                          "give the target's HOST:PORT (or its segment name with --metadata)")
+    if metrics_port is not None and settings.role != "target":
+        raise UsageError(f"--metrics-port is for --role target, and this run is --role "
+                         f"{settings.role}", "drop it, or give it to the target's command")
     model_spec = resolve_model(settings.model) if settings.model else None
     sweep = build_sweep(settings, model=model_spec)
     engines = validate_engines(settings.engine)
