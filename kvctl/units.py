@@ -150,6 +150,13 @@ DEPRECATED_KEYS: dict[str, str] = {
     "pool_gbytes_per_s": "pool_gbps",
     "pool_read_gbytes_per_s": "pool_read_gbps",
     "rate_gbits_per_s": "rate_gbps",
+    # kvctl cluster bench (its agents' wire rows keep their names: agents of the last release
+    # still speak them)
+    "gbytes_per_s": "gbps",
+    "write_gbytes_per_s": "write_gbps",
+    "median_gbytes_per_s": "median_gbps",
+    "mad_gbytes_per_s": "mad_gbps",
+    "threshold_gbytes_per_s": "threshold_gbps",
 }
 
 

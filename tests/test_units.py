@@ -3,7 +3,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvctl.errors import UsageError
-from kvctl.units import format_size, gbytes_per_s, parse_duration, parse_size, parse_size_list
+from kvctl.units import (
+    DEPRECATED_KEYS,
+    format_size,
+    gbytes_per_s,
+    parse_duration,
+    parse_size,
+    parse_size_list,
+    with_deprecated_keys,
+)
 
 
 @pytest.mark.parametrize(
@@ -73,3 +81,19 @@ def test_format_size_round_trips_within_rounding(n: int) -> None:
 def test_gbps_is_decimal() -> None:
     assert gbytes_per_s(2e9, 1.0) == pytest.approx(2.0)
     assert gbytes_per_s(1, 0) == 0.0
+
+
+def test_renamed_keys_keep_their_old_name_for_one_release() -> None:
+    doc = {"rows": [{"throughput_gbytes_per_s": 1.5, "op": "read"}],
+           "nics": [{"rate_gbits_per_s": 200.0, "ports": [{"rate_gbits_per_s": None}]}],
+           "verdict": {"expect_gbytes_per_s": 2, "expect_gbps": 3}}
+    out = with_deprecated_keys(doc)
+    assert out["rows"][0] == {"throughput_gbytes_per_s": 1.5, "throughput_gbps": 1.5,
+                              "op": "read"}
+    assert out["nics"][0]["rate_gbps"] == 200.0
+    assert out["nics"][0]["ports"][0] == {"rate_gbits_per_s": None, "rate_gbps": None}
+    assert out["verdict"]["expect_gbps"] == 3  # a mapping's own old key is kept
+    assert doc["rows"][0] == {"throughput_gbytes_per_s": 1.5, "op": "read"}  # not modified
+    # every renamed key names its unit; every old one was the ambiguous gbps/gbitps
+    assert all("gbytes_per_s" in new or "gbits_per_s" in new for new in DEPRECATED_KEYS)
+    assert all(old.endswith(("gbps", "gbitps")) for old in DEPRECATED_KEYS.values())

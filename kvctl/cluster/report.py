@@ -82,7 +82,7 @@ def matrix_csv(report: ClusterBenchReport) -> str:
 
 
 def _evidence(items: Sequence[Evidence]) -> list[dict[str, Any]]:
-    return [{"peer": e.peer.label(), "gbps": e.gbps, "slow": e.slow} for e in items]
+    return [{"peer": e.peer.label(), "gbytes_per_s": e.gbps, "slow": e.slow} for e in items]
 
 
 def culprit_payload(c: Culprit, report: ClusterBenchReport) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def culprit_payload(c: Culprit, report: ClusterBenchReport) -> dict[str, Any]:
                 if f.severity in ("error", "warning")]
     return {"subject": c.subject.label(), "host": c.subject.host, "nic": c.subject.nic,
             "slow_pairs": c.slow_pairs, "measured_pairs": c.measured_pairs,
-            "share_of_slow": c.share_of_slow, "median_gbps": c.median_gbps,
+            "share_of_slow": c.share_of_slow, "median_gbytes_per_s": c.median_gbps,
             "row": _evidence(c.row), "column": _evidence(c.column),
             "topo_findings": findings}
 
@@ -102,11 +102,12 @@ def culprit_payload(c: Culprit, report: ClusterBenchReport) -> dict[str, Any]:
 def diagnosis_payload(d: Diagnosis, report: ClusterBenchReport) -> dict[str, Any]:
     """The diagnosis as JSON."""
     def pair(s: Any) -> dict[str, Any]:
-        return {"a": s.a.label(), "b": s.b.label(), "gbps": s.gbps, "ratio": s.ratio,
+        return {"a": s.a.label(), "b": s.b.label(), "gbytes_per_s": s.gbps, "ratio": s.ratio,
                 "robust_z": s.robust_z}
 
-    return {"summary": d.summary(), "median_gbps": d.median_gbps, "mad_gbps": d.mad_gbps,
-            "threshold_gbps": d.threshold_gbps, "slow_fraction": d.slow_fraction,
+    return {"summary": d.summary(), "median_gbytes_per_s": d.median_gbps,
+            "mad_gbytes_per_s": d.mad_gbps, "threshold_gbytes_per_s": d.threshold_gbps,
+            "slow_fraction": d.slow_fraction,
             "measured": d.measured, "slow": [pair(s) for s in d.slow],
             "culprits": [culprit_payload(c, report) for c in d.culprits],
             "unexplained": [pair(s) for s in d.unexplained], "note": d.note}
@@ -117,8 +118,8 @@ def outcome_payload(o: PairOutcome) -> dict[str, Any]:
     import msgspec
 
     return {"a": o.a.label(), "b": o.b.label(), "a_address": o.a_address,
-            "b_address": o.b_address, "state": o.state, "gbps": o.gbps,
-            "read_gbps": o.op_gbps("read"), "write_gbps": o.op_gbps("write"),
+            "b_address": o.b_address, "state": o.state, "gbytes_per_s": o.gbps,
+            "read_gbytes_per_s": o.op_gbps("read"), "write_gbytes_per_s": o.op_gbps("write"),
             "verified": o.verified, "error": o.error, "round": o.round_index,
             "duration_s": o.duration_s, "rows": [msgspec.to_builtins(r) for r in o.rows]}
 
@@ -140,7 +141,7 @@ def report_payload(report: ClusterBenchReport) -> dict[str, Any]:
                   "model": dataclasses.asdict(sweep.sizing) if sweep.sizing else None},
         "engines": list(report.engines), "per_rail": report.per_rail,
         "matrices": [{"label": m.label, "hosts": list(m.hosts),
-                      "gbps": [list(r) for r in m.cells]} for m in matrices(report)],
+                      "gbytes_per_s": [list(r) for r in m.cells]} for m in matrices(report)],
         "pairs": [outcome_payload(o) for o in report.outcomes],
         "missing": [dataclasses.asdict(m) for m in report.missing],
         "diagnosis": diagnosis_payload(report.diagnosis, report),

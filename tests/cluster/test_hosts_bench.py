@@ -61,7 +61,7 @@ def ls_shows_the_five_hosts(five: NsCluster) -> None:
 def equal_links_fill_the_matrix_and_name_nobody(five: NsCluster) -> None:
     five.shape(dict.fromkeys(range(5), FAST))
     doc = bench_json(five.kvctl(0, ["cluster", "bench", *SWEEP, "--json"]))
-    values = [(p["a"], p["b"], p["gbps"]) for p in doc["pairs"]]
+    values = [(p["a"], p["b"], p["gbytes_per_s"]) for p in doc["pairs"]]
     # Names nobody. On a loaded machine a single pair may still dip below 70% of the
     # median (then the run says so and exits 1); no host can own most of such pairs.
     assert doc["diagnosis"]["culprits"] == [], values
@@ -75,9 +75,9 @@ def equal_links_fill_the_matrix_and_name_nobody(five: NsCluster) -> None:
         rows = pair["rows"]
         assert {r["op"] for r in rows} == {"read", "write"}
         assert all(r["errors"] == 0 and r["verified"] for r in rows)
-        assert 0.003 < pair["gbps"] < 0.008, pair  # 50 Mbit/s is 0.00625 GB/s
+        assert 0.003 < pair["gbytes_per_s"] < 0.008, pair  # 50 Mbit/s is 0.00625 GB/s
     (matrix,) = doc["matrices"]
-    cells = matrix["gbps"]
+    cells = matrix["gbytes_per_s"]
     assert all(cells[i][j] is not None for i in range(5) for j in range(5) if i != j)
     assert doc["schedule"] == {"mode": "rounds", "rounds": 5, "pairs": 10, "sampled": False,
                                "max_concurrency": 2}
@@ -98,7 +98,7 @@ def a_quarter_rate_host_is_named_and_only_it(five: NsCluster) -> None:
     assert culprit["slow_pairs"] == culprit["measured_pairs"] == 4
     evidence = culprit["row"] + culprit["column"]
     assert sorted(e["peer"] for e in evidence) == ["h1", "h2", "h4", "h5"]
-    assert all(e["slow"] and e["gbps"] < 0.003 for e in evidence)
+    assert all(e["slow"] and e["gbytes_per_s"] < 0.003 for e in evidence)
     assert {tuple(sorted((s["a"], s["b"]))) for s in diagnosis["slow"]} == {
         tuple(sorted(("h3", h))) for h in ("h1", "h2", "h4", "h5")}
     assert all(p["verified"] for p in doc["pairs"])
