@@ -51,13 +51,15 @@ tr.fail td.verdict { color: var(--fail); font-weight: 700; }
 tr.skip td.verdict { color: var(--skip); font-weight: 600; }
 tr.fail { background: #fff5f5; }
 tr.invalid { background: #fff8c5; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table.matrix { width: auto; } table.matrix td { text-align: center; }
+table.matrix td, table.matrix th { padding: 3px 6px; white-space: nowrap; }
 .cls-good { background: #dafbe1; } .cls-mid { background: #fff8c5; }
 .cls-bad { background: #ffebe9; } .cls-nv { background: #ddf4ff; } .cls-self { color: #8c959f; }
 .sev-error { color: var(--fail); font-weight: 700; }
 .sev-warning { color: var(--skip); font-weight: 600; }
 img.plot { max-width: 100%; border: 1px solid var(--line); }
-@media print { body { padding: 0; } h2 { break-after: avoid; } table { break-inside: auto; } }
+@media print { body { padding: 0; } h2 { break-after: avoid; } .scroll { overflow: visible; } }
 """
 
 
@@ -156,8 +158,8 @@ def _topology(step: str, topology: Topology) -> str:
             body.append(f"<tr><th>{_e(g.name)}</th>{cells}<td>{_e(g.cpu_affinity or 'N/A')}"
                         f"</td><td>{_e(g.numa_node if g.numa_node is not None else 'N/A')}"
                         "</td></tr>")
-        out.append(f'<table class="matrix" id="topo-matrix"><thead><tr>{head}</tr></thead>'
-                   f"<tbody>{''.join(body)}</tbody></table>")
+        out.append(f'<div class="scroll"><table class="matrix" id="topo-matrix"><thead><tr>'
+                   f"{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>")
         out.append('<p class="note">' + "; ".join(f"<b>{_e(k)}</b> {_e(v)}" for k, v in LEGEND)
                    + "</p>")
     else:
