@@ -16,6 +16,7 @@ import select
 import socket
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import Iterator, Sequence
 
@@ -98,7 +99,9 @@ def _connect(address: str, host: str, port: int, timeout_s: float) -> socket.soc
     except OSError as exc:
         raise StoreUnavailableError(
             f"cannot reach the store master at {address}: {exc.strerror or exc}",
-            "start one with 'kvctl store serve' or pass --master HOST:PORT") from exc
+            "start one with 'kvctl store serve' or pass --master HOST:PORT (a standby "
+            "master refuses connections until it leads: give every master, A:PORT,B:PORT)"
+            ) from exc
 
 
 def _await_greeting(sock: socket.socket, address: str, timeout_s: float) -> bool:
@@ -321,31 +324,68 @@ class MasterSet:
     """The masters a client or node was given (see the module docstring). Thread-safe.
 
     Args:
-        spec: ``A:PORT[,B:PORT...]``.
-        failover_s: how long several masters are tried again while none answers.
+        spec: ``A:PORT[,B:PORT...]``, or ``etcd://HOST:2379[,HOST2:2379][?cluster=ID]``:
+            the leader that elected masters on that etcd (and cluster id) name in their
+            leader key, read again whenever a connection is opened.
+        failover_s: how long the masters are tried again while none answers.
     """
 
     def __init__(self, spec: str, *, failover_s: float = FAILOVER_S) -> None:
         self.spec = spec
-        self.addresses = master_addresses(spec)
         self.failover_s = failover_s
         self._last = 0
+        #: (etcd URL, cluster id) to read the leader from, or None: fixed addresses
+        self._etcd: tuple[str, str] | None = None
+        if spec.startswith("etcd://"):
+            url, _, query = spec.partition("?")
+            self._etcd = (url, urllib.parse.parse_qs(query).get("cluster", [""])[0])
+            self.addresses: list[str] = []
+        else:
+            self.addresses = master_addresses(spec)
 
     @property
     def first(self) -> str:
-        """The first master given (where a node's data path is chosen to reach)."""
+        """The first master given (where a node's data path is chosen to reach); with
+        etcd, the leader now (waiting up to :attr:`failover_s` for one)."""
+        if self._etcd is not None and not self.addresses:
+            deadline = time.monotonic() + self.failover_s
+            while self._discover() and time.monotonic() < deadline:
+                time.sleep(0.25)
+            if not self.addresses:
+                raise StoreUnavailableError(
+                    f"no store master leads on {self.spec} (waited {self.failover_s:g} s)",
+                    "start 'kvctl store master --state etcd://...' with the same etcd and "
+                    "cluster id (?cluster=ID)")
         return self.addresses[0]
 
     @property
     def answering(self) -> str:
         """The master that answered last (the first one before any did)."""
-        return self.addresses[self._last]
+        return self.addresses[self._last] if self.addresses else self.spec
 
     def failed(self, address: str) -> None:
         """A call to ``address`` failed (it died, stalled or no longer leads): the next
         connection tries the other masters first."""
-        if self.addresses[self._last] == address:
+        if self.addresses and self.addresses[self._last % len(self.addresses)] == address:
             self._last = (self._last + 1) % len(self.addresses)
+
+    def _discover(self) -> str | None:
+        """Read the leader from etcd into :attr:`addresses`; why there is none, or
+        ``None``."""
+        from kvctl.store.master.election import read_leader
+        from kvctl.transfer.metadata import MetadataError
+
+        assert self._etcd is not None
+        url, cluster = self._etcd
+        try:
+            leader = read_leader(url, cluster_id=cluster, timeout_s=MULTI_GREETING_S)
+        except MetadataError as exc:
+            return exc.cause
+        if leader is None:
+            return f"no leader in {url} (cluster {cluster!r})" if cluster else \
+                f"no leader in {url}"
+        self.addresses, self._last = [leader.address], 0
+        return None
 
     def connect(self, *, token: str | None = None, timeout_s: float = 30.0,
                 spin_s: float = 0.0) -> MasterConnection:
@@ -356,13 +396,18 @@ class MasterSet:
                 master).
             StoreAuthError: a master refused the token (or did not prove it).
         """
-        if len(self.addresses) == 1:
+        if self._etcd is None and len(self.addresses) == 1:
             return MasterConnection(self.addresses[0], token=token, timeout_s=timeout_s,
                                     spin_s=spin_s)
         deadline = time.monotonic() + self.failover_s
         pause = 0.05
         while True:
             failures: list[str] = []
+            if self._etcd is not None:
+                why = self._discover()
+                if why is not None:
+                    failures.append(why)
+                    self.addresses = []
             start = self._last
             for step in range(len(self.addresses)):
                 index = (start + step) % len(self.addresses)
