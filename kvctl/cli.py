@@ -10,6 +10,7 @@ shown only with ``KVCTL_DEBUG=1``.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import importlib
 import logging
@@ -28,7 +29,7 @@ from kvctl.argv import normalise
 from kvctl.clihelp import polish
 from kvctl.commands._common import GlobalOptions
 from kvctl.config import read_config_file
-from kvctl.errors import ExitCode, KvctlError, UsageError
+from kvctl.errors import ExitCode, KvctlError, UnavailableError, UsageError
 from kvctl.output import print_error
 
 _HELP = """kvctl: check the KV-cache fabric of disaggregated LLM inference.
@@ -288,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if debug:
             raise
+        if isinstance(exc, OSError) and exc.errno in _NO_ROOM:  # a full disk is no bug
+            print_error(UnavailableError(f"cannot write: {exc.strerror}",
+                                         "make room where the output goes (stdout, -o)"))
+            return int(ExitCode.UNAVAILABLE)
         print_error(
             KvctlError(
                 f"unexpected {type(exc).__name__}: {exc}",
@@ -296,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return int(ExitCode.INTERNAL)
     return result if isinstance(result, int) else 0
+
+
+#: OSErrors that mean the disk (or quota) is full, not that kvctl is wrong.
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def run() -> None:

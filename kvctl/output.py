@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from kvctl import SCHEMA_VERSION
-from kvctl.errors import KvctlError
+from kvctl.errors import KvctlError, UnavailableError
 from kvctl.units import with_deprecated_keys
 
 #: Columns of tables written to a pipe or file.
@@ -105,9 +105,21 @@ class Output:
         self.write_json(json_document(kind, payload))
 
     def write_json(self, document: Mapping[str, Any]) -> None:
-        """Print ``document`` as it is: a file format with its own envelope (a key manifest)."""
-        sys.stdout.write(json.dumps(to_jsonable(document), indent=2) + "\n")
-        sys.stdout.flush()
+        """Print ``document`` as it is: a file format with its own envelope (a key manifest).
+
+        Raises:
+            UnavailableError: stdout cannot take it (a full disk, an I/O error).
+        """
+        text = json.dumps(to_jsonable(document), indent=2) + "\n"
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise  # the reader left (| head): the CLI ends quietly
+        except OSError as exc:
+            raise UnavailableError(
+                f"cannot write the JSON document to stdout: {exc.strerror or exc}",
+                "make room where stdout goes, or send it elsewhere") from exc
 
     def print(self, *renderables: Any) -> None:
         """Print results for people (suppressed in JSON mode)."""
