@@ -401,6 +401,7 @@ class MasterSet:
                                     spin_s=spin_s)
         deadline = time.monotonic() + self.failover_s
         pause = 0.05
+        wrong: KvctlError | None = None
         while True:
             failures: list[str] = []
             if self._etcd is not None:
@@ -415,13 +416,17 @@ class MasterSet:
                 try:
                     conn = MasterConnection(address, token=token, timeout_s=timeout_s,
                                             spin_s=spin_s, greeting_s=MULTI_GREETING_S)
-                except StoreAuthError:
-                    raise  # the wrong token, or not our master: trying on would not help
+                except (StoreAuthError, ProtocolError) as exc:
+                    wrong = wrong or exc  # not our master: the others may still be
+                    failures.append(exc.cause)
+                    continue
                 except StoreUnavailableError as exc:
                     failures.append(exc.cause)
                     continue
                 self._last = index
                 return conn
+            if wrong is not None:  # none answered, one is not ours: waiting would not help
+                raise wrong
             if time.monotonic() + pause >= deadline:
                 raise StoreUnavailableError(
                     f"none of the store masters {self.spec} answers (tried for "
