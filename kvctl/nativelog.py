@@ -16,10 +16,12 @@ Files live in ``$KVCTL_LOG_DIR`` (default ``$XDG_STATE_HOME/kvctl/logs``, i.e.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import logging
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -51,25 +53,63 @@ def log_path(component: str, pid: int | None = None) -> Path:
     return log_dir() / f"{component}-{pid or os.getpid()}.log"
 
 
+#: A file this module wrote: its name (``log_path``) and the first bytes of its header.
+_OWN_NAME = re.compile(r"[A-Za-z0-9_.-]+-[0-9]+\.log")
+_HEADER = b"--- "
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile (another kvctl pruning)
+        return 0.0
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts with this module's header."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and os.read(fd, len(_HEADER)) == _HEADER
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _prune(directory: Path) -> None:
+    # Only kvctl's own logs: KVCTL_LOG_DIR may name a directory other programs log to.
     with contextlib.suppress(OSError):
-        files = sorted(directory.glob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+        files = sorted((p for p in directory.glob("*.log") if _OWN_NAME.fullmatch(p.name)),
+                       key=_mtime, reverse=True)
         for old in files[KEEP:]:
-            with contextlib.suppress(OSError):
-                old.unlink()
+            if _ours(old):
+                with contextlib.suppress(OSError):
+                    old.unlink()
 
 
 def _open_log(component: str) -> tuple[int, Path] | None:
     path = log_path(component)
+    fd = -1
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         _prune(path.parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-    except OSError as exc:  # an unwritable home: the lines stay on the terminal
+        # O_NONBLOCK: a FIFO planted at the path must not block the open (or the writes).
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+                     | os.O_NONBLOCK, 0o600)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "not a private regular file (planted?)")
+        os.set_blocking(fd, True)
+        os.write(fd, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {component} pid "
+                     f"{os.getpid()}\n".encode())
+    except OSError as exc:  # unwritable, full or planted: the lines stay on the terminal
+        if fd >= 0:
+            os.close(fd)
         _log.debug("native log %s not opened (%s); native output stays on stderr", path, exc)
         return None
-    os.write(fd, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {component} pid "
-                 f"{os.getpid()}\n".encode())
     return fd, path
 
 

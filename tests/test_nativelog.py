@@ -79,7 +79,7 @@ def test_only_the_newest_logs_are_kept(tmp_path: Path) -> None:
 
     for i in range(nativelog.KEEP + 5):
         old = tmp_path / f"old-{i}.log"
-        old.write_text("x")
+        old.write_text("--- an old kvctl log\n")
         os.utime(old, (1_000_000 + i, 1_000_000 + i))
     proc = _run("from kvctl.nativelog import native_output_to_log\n"
                 "with native_output_to_log('lib'):\n    pass\n", tmp_path)
