@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvctl.errors import UsageError
+
 #: Root options that may also follow the command.
 GLOBAL_OPTIONS = frozenset({"-v", "--verbose", "-q", "--quiet", "-c", "--config"})
 
@@ -66,6 +68,10 @@ def normalise(root: Any, args: list[str]) -> list[str]:
         if arg.startswith("-") and arg != "-":
             if cmd is not root and _is_global(root, cmd, arg):
                 width = 1 + _extent(root, arg)
+                if i + width > len(args) or "--" in args[i + 1:i + width]:
+                    # Moved to the front without it, it would take the command as its value.
+                    raise UsageError(f"option '{arg}' requires a value",
+                                     f"give it one: {arg} FILE (see 'kvctl --help')")
                 moved.extend(range(i, min(i + width, len(args))))
             else:
                 width = 1 + _extent(cmd, arg)
