@@ -26,7 +26,8 @@ def agent(
     ttl: Annotated[str, typer.Option(
         "--ttl", help="Lease TTL: a dead agent vanishes within it.")] = "10s",
     poll: Annotated[str, typer.Option(
-        "--poll", help="How often to look for jobs.")] = "0.5s",
+        "--poll", help="How often to look for jobs where the metadata service cannot push "
+        "them (file://, http://; etcd pushes at once).")] = "0.5s",
     metrics_port: Annotated[int | None, typer.Option(
         "--metrics-port", help="Serve Prometheus metrics on this port of every interface, "
         "on loopback only with a token (0 = any free; default: off).",

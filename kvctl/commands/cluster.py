@@ -233,8 +233,9 @@ SlowOpt = Annotated[float, typer.Option(
     rich_help_panel=_P)]
 TimeoutOpt = Annotated[str, typer.Option("--timeout", help="Longest one batch may take.",
                                          rich_help_panel=_P)]
-PollOpt = Annotated[str, typer.Option("--poll", help="How often to poll the agents' statuses.",
-                                      rich_help_panel=_P)]
+PollOpt = Annotated[str, typer.Option("--poll", help="How often to poll the agents' statuses "
+                                      "where the metadata service cannot push them (etcd "
+                                      "pushes at once).", rich_help_panel=_P)]
 LocalOpt = Annotated[str, typer.Option(
     "--local-location", help="Initiator's buffer: cpu:N or file:PATH.", rich_help_panel=_S)]
 RemoteOpt = Annotated[str, typer.Option(
