@@ -130,7 +130,7 @@ def parse_location(text: str, *, what: str = "location") -> Location:
     kind, sep, rest = text.strip().partition(":")
     if kind == "file" and sep and rest:
         return Location("file", 0, Path(rest).expanduser())
-    if kind in ("cpu", "cuda") and (not sep or rest.isdigit()):
+    if kind in ("cpu", "cuda") and (not sep or (rest.isascii() and rest.isdigit())):
         return Location(kind, int(rest) if rest else 0)
     raise UsageError(
         f"{what} {text!r} is not a buffer location",
@@ -273,7 +273,7 @@ def parse_counts(text: str, *, what: str) -> tuple[int, ...]:
     """Comma-separated positive integers (``--batch-size 1,32,128``)."""
     values: list[int] = []
     for part in (p.strip() for p in text.split(",")):
-        if not part.isdigit() or int(part) <= 0:
+        if not (part.isascii() and part.isdigit()) or int(part) <= 0:
             raise UsageError(f"{what} {part!r} is not a positive integer",
                              f"write e.g. --{what.replace(' ', '-')} 1,32,128")
         values.append(int(part))

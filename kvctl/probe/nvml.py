@@ -369,7 +369,7 @@ def _visible_entry(entry: str, order: Sequence[NvmlGpu]) -> NvmlGpu | str:
     """The GPU one ``CUDA_VISIBLE_DEVICES`` entry names, or why it ends the list."""
     if not entry:
         return "CUDA_VISIBLE_DEVICES has an empty entry: CUDA stops there"
-    if entry.isdigit():
+    if entry.isascii() and entry.isdigit():  # not "²" (int() refuses it)
         index = int(entry)
         if index < len(order):
             return order[index]

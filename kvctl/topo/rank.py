@@ -71,7 +71,8 @@ def parse_location(topology: Topology, location: str) -> Location:
         NotFoundError: no such GPU or NUMA node on this host.
     """
     device, sep, index_text = location.strip().partition(":")
-    if not sep or device not in ("cuda", "cpu") or not index_text.isdigit():
+    digits = index_text.isascii() and index_text.isdigit()  # not "²": int() refuses it
+    if not sep or device not in ("cuda", "cpu") or not digits:
         raise UsageError(
             f"location {location!r} is not cuda:N or cpu:N",
             "write cuda:0 for CUDA device 0 or cpu:0 for NUMA node 0",

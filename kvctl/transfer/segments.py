@@ -61,7 +61,7 @@ def host_id() -> str:
 def parse_location(text: str) -> str:
     """Validate a buffer location: ``cpu:N``, ``cuda:N`` or ``file``."""
     kind, sep, index = text.partition(":")
-    if text == "file" or (sep and kind in ("cpu", "cuda") and index.isdigit()):
+    if text == "file" or (sep and kind in ("cpu", "cuda") and index.isascii() and index.isdigit()):
         return text
     raise UsageError(f"buffer location {text!r} is not valid", "write cpu:N, cuda:N or file")
 

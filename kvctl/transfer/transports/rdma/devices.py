@@ -123,7 +123,7 @@ class RdmaOptions:
             problems.append(f"gpu_memory {self.gpu_memory!r} (auto, dmabuf, peermem, staged)")
         for nic in self.nics:
             dev, sep, port = nic.partition(":")
-            if not dev or (sep and not port.isdigit()):
+            if not dev or (sep and not (port.isascii() and port.isdigit())):
                 problems.append(f"NIC {nic!r} (write mlx5_0 or mlx5_0:1)")
         if problems:
             raise UsageError(f"bad rdma settings: {'; '.join(problems)}",
