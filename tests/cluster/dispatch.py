@@ -2,7 +2,8 @@
 client on host 1 posting small jobs one at a time.
 
 ``python -m tests.cluster.dispatch [--jobs N] [--poll 0.5s] [--code DIR]`` prints, as JSON,
-per job: ``round_trip_ms`` (the client posts a ``keys`` job until it sees the agent's
+etcd's range reads per second while the agent sits idle (from etcd's own metrics) and, per
+job: ``round_trip_ms`` (the client posts a ``keys`` job until it sees the agent's
 ``done`` status) and ``status_ms`` (post until the agent wrote that status: pickup plus the
 small job itself, on the hosts' shared clock). ``--code DIR`` runs the agent and the client
 from another checkout (``git worktree add DIR COMMIT``), to compare with the code before
@@ -69,6 +70,36 @@ def post_jobs(cluster: NsCluster, client: int, agent: int, count: int,
     return rows
 
 
+METRICS = r"""
+import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+def total(kind, method):
+    return sum(float(m[3]) for m in re.finditer(
+        r'^grpc_server_(handled|started)_total\{([^}]*)\} (\S+)$', text, re.M)
+        if m[1] == kind and f'grpc_method="{method}"' in m[2] and 'etcdserverpb' in m[2])
+print(total("handled", "Range"), total("started", "Watch"))
+"""
+
+
+def etcd_counts(cluster: NsCluster) -> tuple[float, float]:
+    """etcd's count of range reads served and watch streams started so far."""
+    done = cluster.net[0].run(["python3", "-c", METRICS,
+                               f"http://{cluster.net[0].address}:2379/metrics"], timeout=30)
+    ranges, watches = done.stdout.split()
+    return float(ranges), float(watches)
+
+
+def idle_reads(cluster: NsCluster, seconds: float) -> dict[str, float]:
+    """Range reads and watch streams per second etcd serves while the agents sit idle."""
+    import time
+
+    before = etcd_counts(cluster)
+    time.sleep(seconds)
+    after = etcd_counts(cluster)
+    return {"range_reads_per_s": round((after[0] - before[0]) / seconds, 1),
+            "watch_streams_started_per_s": round((after[1] - before[1]) / seconds, 2)}
+
+
 def summary(values: list[float]) -> dict[str, float]:
     """Median, p90 and max, in the unit given, to 0.1."""
     ordered = sorted(values)
@@ -84,6 +115,7 @@ def measure(count: int, poll: str, code: Path | None) -> dict[str, Any]:
         cluster = NsCluster(net, agents=[])
         try:
             start_agent(cluster, 1, poll, env)
+            idle = idle_reads(cluster, 10.0)
             rows = post_jobs(cluster, 0, 1, count, env)
         finally:
             cluster.close()
@@ -91,7 +123,8 @@ def measure(count: int, poll: str, code: Path | None) -> dict[str, Any]:
     status = [r["status_ms"] for r in rows if r["ok"]]
     return {"jobs": len(rows), "ok": len(trips), "agent_poll": poll,
             "code": str(code) if code else "this checkout",
-            "round_trip_ms": summary(trips), "status_ms": summary(status)}
+            "round_trip_ms": summary(trips), "status_ms": summary(status),
+            "idle_agent": idle}
 
 
 def main(argv: list[str] | None = None) -> int:
