@@ -101,9 +101,14 @@ def master_config(settings: StoreSettings) -> MasterConfig:
         raise UsageError(
             f"high_watermark {settings.high_watermark} / evict_ratio {settings.evict_ratio} "
             "are out of range", "use 0 < evict_ratio < high_watermark <= 1, e.g. 0.95 and 0.05")
+    if not settings.node_timeout > 0 or settings.node_grace < settings.node_timeout:
+        raise UsageError(
+            f"node grace {settings.node_grace:g} s / node timeout {settings.node_timeout:g} s "
+            "are out of range", "use 0 < node_timeout <= node_grace, e.g. 3 s and 60 s "
+            "(--node-grace, KVCTL_STORE_NODE_GRACE)")
     if settings.replicas < 1:
         raise UsageError(f"replicas {settings.replicas} is below 1", "use 1 or more")
-    return MasterConfig(high_watermark=settings.high_watermark,
+    return MasterConfig(node_grace_s=settings.node_grace, high_watermark=settings.high_watermark,
                         evict_ratio=settings.evict_ratio, lease_ttl_s=settings.lease_ttl,
                         node_timeout_s=settings.node_timeout,
                         default_replicas=settings.replicas)

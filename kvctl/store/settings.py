@@ -38,6 +38,10 @@ class StoreSettings:
         advertise: ``HOST`` clients reach a node's data path at (default: where it listens,
             or the interface addresses for ``0.0.0.0``).
         node_id: node name (default: random).
+        node_grace: seconds of heartbeat silence after which a *suspect* node (silent
+            past ``node_timeout``: no placements, reads go to other replicas, its objects
+            kept) is dropped with its objects' copies on it (at least ``node_timeout``;
+            ``kvctl store node rm`` drops one at once).
         high_watermark: usage fraction of a node that starts eviction.
         evict_ratio: eviction brings usage down to ``high_watermark - evict_ratio``.
         lease_ttl: seconds a get protects an object from eviction.
@@ -61,6 +65,7 @@ class StoreSettings:
     node_listen: str = ""
     advertise: str = ""
     node_id: str = ""
+    node_grace: float = dataclasses.field(default=60.0, metadata={"unit": "duration"})
     high_watermark: float = 0.95
     evict_ratio: float = 0.05
     lease_ttl: float = dataclasses.field(default=2.0, metadata={"unit": "duration"})

@@ -6,9 +6,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvctl.errors import NotFoundError
+from kvctl.errors import NotFoundError, UsageError
 from kvctl.store.client import StoreClient
+from kvctl.store.embedded import master_config
 from kvctl.store.master import MasterConfig
+from kvctl.store.settings import StoreSettings
 from tests.store.conftest import Cluster, wait_for
 
 
@@ -47,3 +49,13 @@ def test_drop_node_drops_a_suspect_node_and_status_lists_it(two_nodes: Cluster) 
             client.drop_node("nope")
         assert "no node 'nope'" in info.value.cause
         assert len(client.status().nodes) == 1
+
+
+def test_node_grace_setting_reaches_the_master() -> None:
+    """``store.node_grace`` (``KVCTL_STORE_NODE_GRACE``, ``--node-grace``) sets the master's
+    grace; a grace shorter than the node timeout is refused, naming both."""
+    assert master_config(StoreSettings(node_grace=120.0)).node_grace_s == 120.0
+    assert master_config(StoreSettings()).node_grace_s == 60.0
+    with pytest.raises(UsageError) as info:
+        master_config(StoreSettings(node_grace=1.0, node_timeout=3.0))
+    assert "node grace 1 s / node timeout 3 s" in info.value.cause
