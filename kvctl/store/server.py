@@ -77,11 +77,6 @@ class MasterServer:
         metrics: where to count requests and their latency (``--metrics-port``), or ``None``.
         tenants: tenants whose tokens confine a connection to their namespace (needs
             ``token``, which stays the administrators' and nodes').
-        sock: a socket already bound to the listen address (not listening yet), e.g. the
-            one a standby master reserved; ``host`` and ``port`` are then ignored.
-        leadership: ``None`` while this master may serve, else why not (an elected
-            master that was deposed): each request is refused with ``not_leader`` and
-            its connection closed (:meth:`~kvctl.store.master.election.Election.check`).
 
     Raises:
         ConfigError: tenants without a shared token, or sharing it.
@@ -91,10 +86,9 @@ class MasterServer:
     def __init__(self, core: MasterCore, *, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, max_frame_bytes: int = p.DEFAULT_MAX_FRAME_BYTES,
                  max_connections: int = 512, metrics: ServerMetrics | None = None,
-                 tenants: tuple[Tenant, ...] = (), sock: socket.socket | None = None,
-                 leadership: Callable[[], str | None] | None = None) -> None:
+                 tenants: tuple[Tenant, ...] = ()) -> None:
         check_admin_token(tenants, token)
-        self._leadership = leadership
+        self._leadership: Callable[[], str | None] | None = None
         self.core = core
         self.tenants = tenants
         self.metrics = metrics
@@ -116,13 +110,10 @@ class MasterServer:
         #: the most object bytes sent behind one get reply (0 until :meth:`serve_local`).
         self.attached_bytes = 0
         try:
-            if sock is not None:
-                sock.listen(128)
-                self._sock = sock
-            else:
-                self._sock = socket.create_server(
-                    (host, port), backlog=128, reuse_port=False, family=address_family(host),
-                    dualstack_ipv6=is_unspecified(host) and ":" in host)
+            self._sock = socket.create_server((host, port), backlog=128, reuse_port=False,
+                                              family=address_family(host),
+                                              dualstack_ipv6=is_unspecified(host) and
+                                              ":" in host)
         except OSError as exc:
             raise StoreUnavailableError(
                 f"store master cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -140,6 +131,13 @@ class MasterServer:
     def address(self) -> str:
         """``host:port`` clients and nodes connect to."""
         return f"{self.host}:{self.port}"
+
+    def lead_while(self, check: Callable[[], str | None]) -> None:
+        """Serve requests only while ``check()`` is ``None``; past that (an elected master
+        that was deposed, see :meth:`~kvctl.store.master.election.Election.check`) each
+        request is refused with ``not_leader`` and its connection closed, so the client
+        moves on to the new leader."""
+        self._leadership = check
 
     def serve_local(self, hold: HoldLocal, attached_bytes: int = DEFAULT_ATTACHED_BYTES) -> None:
         """Answer gets with the bytes of objects in memory of this process (a storage node

@@ -15,7 +15,6 @@ the master's lock held, and a request is acknowledged only once its changes are 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from kvctl.store.journal import JournalState
@@ -38,19 +37,15 @@ __all__ = ["DeleteNode", "DeleteObject", "JournalEntry", "JournalState", "Loaded
            "Snapshot", "StateBackend", "elects_leader", "open_state"]
 
 
-def open_state(spec: str, *, cluster_id: str = "", token: str | None = None,
-               fence: tuple[str, int] | None = None,
-               on_fenced: Callable[[str], None] | None = None) -> StateBackend:
+def open_state(spec: str, *, cluster_id: str = "", token: str | None = None) -> StateBackend:
     """The backend named by ``spec``: ``none``, a directory, ``file:///DIR`` or a metadata
-    URL (``etcd://127.0.0.1:2379``). ``fence`` and ``on_fenced``: a leader's term, every
-    etcd write conditional on it (see :class:`MetadataState`)."""
+    URL (``etcd://127.0.0.1:2379``)."""
     if spec in ("", "none"):
         return NoState()
     if spec.startswith("file://"):
         return JournalState(Path(spec[len("file://"):]))
     if "://" in spec:
-        return MetadataState(spec, cluster_id=cluster_id, token=token, fence=fence,
-                             on_fenced=on_fenced)
+        return MetadataState(spec, cluster_id=cluster_id, token=token)
     return JournalState(Path(spec).expanduser())
 
 

@@ -358,6 +358,19 @@ class MetadataState(StateBackend):
                 self._client.put(key, value)
         return True
 
+    def fence_writes(self, fence: tuple[str, int], on_fenced: Callable[[str], None]) -> None:
+        """From now on, write only while ``fence`` holds (see the ``fence`` argument):
+        a master that has just been elected, before it serves anything.
+
+        Raises:
+            UsageError: the service is not etcd.
+        """
+        if self._etcd is None:
+            raise UsageError(f"master state {self._url}: leader fencing needs etcd",
+                             "use an etcd:// URL for masters that stand by for each other")
+        with self._cv:
+            self._fence, self._on_fenced = fence, on_fenced
+
     def _fenced_now(self) -> str:
         """A transaction was refused by the fence: another master holds the leader key.
         Nothing is written from here on (the queue stays in memory: it is not ours to
