@@ -43,7 +43,9 @@ KeyArg = Annotated[str, typer.Argument(help="Object key.", callback=_valid_key)]
 MAX_PUT_BYTES = 2 << 30
 MasterOpt = Annotated[str | None, typer.Option(
     "--master", "-m", show_default=False,
-    help="Master HOST:PORT (default: the local embedded store).")]
+    help="Master HOST:PORT, several (A:PORT,B:PORT: elected masters, the leader is found) "
+    "or etcd://HOST:2379[?cluster=ID] (the leader they name there); default: the local "
+    "embedded store.")]
 BackendOpt = Annotated[str, typer.Option(
     "--backend", help="Store to talk to: kvctl, or mooncake (a Mooncake master over TCP).")]
 ListenOpt = Annotated[str | None, typer.Option(
@@ -469,7 +471,7 @@ def status(
         return
     with _client(ctx, master) as client:
         st = client.status()
-        address = client.master
+        address = client.leader
     out = global_options(ctx).output(json_mode=json_)
     if json_:
         out.emit_json("store.status", {"backend": "kvctl", "master": address,
