@@ -1,9 +1,12 @@
 """Agents and the coordinator on a real etcd, following it through its watch: jobs still
-reach agents after etcd restarts, with its data or without it (a new, empty etcd)."""
+reach agents after etcd restarts, with its data or without it (a new, empty etcd), and a
+dead client's jobs stop as soon as its lease expires."""
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+import threading
 import time
 from collections.abc import Callable
 
@@ -11,9 +14,18 @@ import msgspec
 import pytest
 
 from kvctl.cluster.agent import Agent, JobContext
-from kvctl.cluster.coordinator import Coordinator
-from kvctl.cluster.protocol import DONE, KEYS, ClusterKeys, KeysParams
-from kvctl.transfer.metadata import MetadataClient, open_metadata
+from kvctl.cluster.coordinator import WAIT_READY, Coordinator
+from kvctl.cluster.protocol import (
+    DONE,
+    KEYS,
+    READY,
+    TARGET,
+    ClusterKeys,
+    KeysParams,
+    TargetParams,
+    TargetReady,
+)
+from kvctl.transfer.metadata import MetadataClient, MetadataError, open_metadata
 from tests.cluster.test_protocol import record
 from tests.fixtures.servers import ServerProcess
 
@@ -48,9 +60,44 @@ def test_jobs_reach_agents_after_etcd_restarts(spawn_etcd: Callable[[], ServerPr
             assert one_job(client, keys, "h1") < 1.0
             server.restart(wipe=wipe)
             deadline = time.monotonic() + 20
-            while not agent.healthy and time.monotonic() < deadline:
-                time.sleep(0.1)  # the keeper re-registers (a wiped etcd lost the lease)
-            time.sleep(0.5)
+            while time.monotonic() < deadline:  # the keeper re-registers (a wiped etcd
+                with contextlib.suppress(MetadataError):  # lost the lease and the keys)
+                    if client.get(keys.alive("h1")) is not None:
+                        break
+                time.sleep(0.1)
             assert one_job(client, keys, "h1") < 5.0
+        finally:
+            agent.close()
+
+
+def test_a_dead_clients_serving_job_stops_when_its_lease_expires(
+        spawn_etcd: Callable[[], ServerProcess]) -> None:
+    """etcd pushes the expiry of the client's lease as the job's deletion: the agent stops
+    serving without waiting for a poll (it would poll every 30 s)."""
+    server = spawn_etcd()
+    ended = threading.Event()
+
+    def serve(ctx: JobContext) -> None:
+        ctx.ready(TargetReady(peer="x:1", address="x", engines=["kvctl"]))
+        ctx.hold()
+        ended.set()
+
+    host = msgspec.structs.replace(record("h1", ttl_s=2.0), poll_s=30.0)
+    with open_metadata(server.url, timeout_s=1.0) as client:
+        agent = Agent(client, host, handlers={TARGET: serve}).start()
+        try:
+            coord = Coordinator(client, ClusterKeys(), token=None, ttl_s=2.0).start()
+            ref = coord.submit("h1", TARGET, TargetParams(region_bytes=1, engines=["kvctl"],
+                                                          transports=["tcp"]), hold_s=60)
+            assert coord.wait([ref], want=WAIT_READY, timeout_s=10.0)
+            assert ref.state == READY
+            keeper = coord._keeper  # the client dies: its lease is no longer renewed
+            assert keeper is not None
+            keeper._stop.set()
+            keeper._wake.set()
+            died = time.monotonic()
+            assert ended.wait(15.0)
+            # etcd's whole-second TTL, and up to a second more (1.5 x the election timeout)
+            assert time.monotonic() - died < 2.0 + 2.0 + 1.0
         finally:
             agent.close()
