@@ -110,7 +110,7 @@ def test_pushing_backends_do_not_wait_for_a_poll(kind: str, request: pytest.Fixt
             got = drain(watch, bool, timeout_s=2.0)
             worst = max(worst, time.perf_counter() - started)
             assert got == [WatchEvent(f"{prefix}k{i}", b"v")]
-        assert worst < 0.5  # a poll would take 30 s
+        assert worst < 2.0  # a poll would take 30 s
 
 
 @pytest.mark.integration
