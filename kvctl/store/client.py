@@ -64,6 +64,8 @@ from kvctl.store.localcopy import (
 )
 from kvctl.store.recall import Recall, Where
 from kvctl.store.rpc import MasterConnection, MasterPool, error_from
+from kvctl.store.sharedtier.config import parse_map
+from kvctl.store.sharedtier.reader import SharedReader
 from kvctl.transfer.batch import OpCode, TransferRequest
 
 _log = logging.getLogger("kvctl.store.client")
@@ -103,6 +105,8 @@ class StoreClient:
             sleeps, microseconds. A sleeping thread's wake-up costs up to 100 µs on a virtual
             machine, most of a loopback round trip; polling costs up to this much CPU per
             request. 0 never polls.
+        shared_map: where this host mounts the master's shared tier when not at the
+            master's path: ``MASTER_DIR=LOCAL_DIR[,...]``.
 
     Raises:
         StoreUnavailableError: the master cannot be reached.
@@ -113,7 +117,7 @@ class StoreClient:
                  timeout_s: float = 30.0, lease: bool = True,
                  reserve_bytes: int = DEFAULT_RESERVE_BYTES,
                  attached_bytes: int = ATTACHED_GET_BYTES,
-                 spin_us: float = DEFAULT_SPIN_US) -> None:
+                 spin_us: float = DEFAULT_SPIN_US, shared_map: str = "") -> None:
         if replicas < 1:
             raise BadRequestError(f"replicas {replicas} is below 1", "ask for 1 or more")
         self.master = master
@@ -141,6 +145,8 @@ class StoreClient:
         self._releases_lock = threading.Lock()
         #: where keys were last written or read, and which memory the master attaches from
         self._recall = Recall()
+        #: reads objects from the master's shared tier (kvctl.store.sharedtier)
+        self.shared = SharedReader(parse_map(shared_map))
         self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         self._closed = False
 
@@ -584,7 +590,7 @@ class StoreClient:
                         if attempt + 1 < len(slot.locations):
                             nxt.append(i)
                         else:
-                            out[i] = self._read_failure(keys[i], slot, causes[i])
+                            out[i] = self._read_failure(keys[i], slot, causes[i], dests, i)
                         continue
                     dest, local, stage, temp = self._data.dest(
                         slot.size, dests[i] if dests else None,
@@ -614,7 +620,7 @@ class StoreClient:
                     if attempt + 1 < len(slot.locations):
                         nxt.append(i)
                     else:
-                        out[i] = self._read_failure(keys[i], slot, causes[i])
+                        out[i] = self._read_failure(keys[i], slot, causes[i], dests, i)
             finally:
                 for _, _, stage, temp in placed:
                     self._data.release(stage, temp)
@@ -649,6 +655,9 @@ class StoreClient:
                                          "pass a larger buffer")
             elif slot.size == 0:
                 out[i] = 0 if dests is not None else b""
+            elif not slot.locations and slot.shared:  # only in the shared tier: read it here
+                slots[i] = slot  # (its lease is released like any other)
+                out[i] = self.shared.read(keys[i], slot, dests[i] if dests else None)
             else:
                 slots[i] = slot
                 sent = attached.get(i)
@@ -792,7 +801,15 @@ class StoreClient:
             with self._pool.connection() as conn:
                 conn.send(p.Release(keys=keys, versions=versions))
 
-    def _read_failure(self, key: str, slot: p.GetSlot, causes: list[str]) -> KvctlError:
+    def _read_failure(self, key: str, slot: p.GetSlot, causes: list[str],
+                      dests: list[memoryview] | None, i: int) -> Any:
+        """Every DRAM replica failed: the shared-tier copy if there is one, else the
+        error."""
+        if slot.shared and not slot.pending:
+            got = self.shared.read(key, slot, dests[i] if dests else None)
+            if not isinstance(got, KvctlError):
+                return got
+            causes.append(f"shared tier: {got.cause}")
         if slot.pending:
             return ObjectNotFoundError(key, why="its put has not completed")
         if all(c.endswith("checksum mismatch") for c in causes):

@@ -242,6 +242,9 @@ class TaskReport(Struct, frozen=True):
     corrupt: bool = False
     error: str = ""
     full: bool = False
+    #: still running (a shared-tier write on the node's writer thread): the task stays in
+    #: flight and its report comes with a later heartbeat.
+    pending: bool = False
 
 
 # ---- requests ------------------------------------------------------------------------------

@@ -26,6 +26,17 @@ class StoreSettings:
         ssd_capacity: most bytes a node keeps on SSD.
         ssd_policy: ``write-through`` (copy to SSD soon after each put) or ``write-back``
             (copy to SSD only when evicted from DRAM).
+        shared_tier: the master's shared tier: a directory on a distributed file system
+            every node and client mounts (none: no shared tier).
+        shared_tier_policy: ``write-back`` (copy to the shared tier on DRAM eviction) or
+            ``write-through`` (also soon after each put, off the put's path).
+        shared_tier_capacity: most bytes of files in the shared tier.
+        shared_tier_files: most files in the shared tier.
+        shared_tier_map: where this host mounts the shared tier when not at the master's
+            path: ``MASTER_DIR=LOCAL_DIR[,...]`` (nodes and clients).
+        shared_tier_orphan_grace: a shared-tier file no index names is purged once it is
+            this old (a write whose report is on its way is not an orphan).
+        shared_tier_sweep_interval: seconds between the starts of two purge sweeps.
         state: master state: ``none``, a directory (journal + snapshot) or a metadata URL
             such as ``etcd://127.0.0.1:2379`` (a standby master can take over).
         ha_ttl: lease of the leader key, seconds, for masters on etcd state (they elect
@@ -58,6 +69,15 @@ class StoreSettings:
     ssd: Path | None = None
     ssd_capacity: int = dataclasses.field(default=64 << 30, metadata={"unit": "size"})
     ssd_policy: str = "write-through"
+    shared_tier: Path | None = None
+    shared_tier_policy: str = "write-back"
+    shared_tier_capacity: int = dataclasses.field(default=1 << 40, metadata={"unit": "size"})
+    shared_tier_files: int = 10_000_000
+    shared_tier_map: str = ""
+    shared_tier_orphan_grace: float = dataclasses.field(default=60.0,
+                                                        metadata={"unit": "duration"})
+    shared_tier_sweep_interval: float = dataclasses.field(default=30.0,
+                                                          metadata={"unit": "duration"})
     state: str = "none"
     ha_ttl: float = dataclasses.field(default=5.0, metadata={"unit": "duration"})
     replicas: int = 1

@@ -40,6 +40,8 @@ class SsdTasksMixin(MasterBase):
         return task
 
     def _apply_report(self, node: Node, report: p.TaskReport) -> None:
+        if report.pending:
+            return  # still running on the node: its report comes later
         task = node.inflight.pop(report.task_id, None)
         if task is None:
             return

@@ -108,7 +108,7 @@ class SharedState:
         return (self.used_bytes > self.config.capacity_bytes
                 or self.files > self.config.max_files)
 
-    def oldest(self, newest: Obj) -> Obj | None:
+    def oldest(self, newest: Obj | None) -> Obj | None:
         for obj in self.lru.values():
             if obj is not newest:
                 return obj

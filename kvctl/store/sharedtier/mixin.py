@@ -66,6 +66,7 @@ class SharedTierMixin(MasterBase):
             return
         for obj in held:
             st.track(obj, file_bytes(obj.key, obj.size))
+        self._shared_quota(None, self._clock())  # a smaller quota than the last run's
 
     # ------------------------------------------------------------------ names
 
@@ -98,13 +99,17 @@ class SharedTierMixin(MasterBase):
     # ------------------------------------------------------------------ writes
 
     def _shared_task(self, node: Node, obj: Obj, offset: int, *, free_after: bool) -> p.Task:
+        """Queue a ``shared`` task. A write-back (``free_after``: DRAM waits for it) wakes
+        the node's heartbeat at once; a write-through copy goes with its next one, so a
+        stream of puts costs the node one heartbeat per period, not one per put."""
         assert self._shared is not None
         task = p.Task(task_id=next(self._task_ids), op="shared", key=obj.key,
                       version=obj.version, offset=offset, size=obj.size,
                       checksum=obj.checksum, free_after=free_after,
                       path=str(self._shared.config.root / file_name(obj.key, obj.version)))
         node.tasks.append(task)
-        self._cond.notify_all()
+        if free_after:
+            self._cond.notify_all()
         return task
 
     def _shared_write_back(self, obj: Obj, node: Node, rep: Replica, now: float) -> bool:
@@ -117,6 +122,7 @@ class SharedTierMixin(MasterBase):
         through = st.writing.get(obj.key)
         if through is not None and through[0] is obj and through[1] is node:
             task_id = through[2]  # its write-through copy runs there: free DRAM after it
+            self._cond.notify_all()  # and let the node have it now
         elif st.paused(now) or len(obj.replicas) > 1:
             return False  # another DRAM replica keeps it (its eviction writes it back)
         else:
@@ -186,8 +192,9 @@ class SharedTierMixin(MasterBase):
 
     # ------------------------------------------------------------------ leaving
 
-    def _shared_quota(self, newest: Obj, now: float) -> None:
-        """Evict least recently used copies while the tier is over its quota."""
+    def _shared_quota(self, newest: Obj | None, now: float) -> None:
+        """Evict least recently used copies while the tier is over its quota (never
+        ``newest``, the copy that just landed)."""
         st = self._shared
         assert st is not None
         while st.over_quota():

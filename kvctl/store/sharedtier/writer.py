@@ -1,17 +1,26 @@
 """The node's side of the shared tier: a ``shared`` task writes a DRAM range to a file.
 
-The node checks the range against the object's checksum first (the DRAM copy may have
-changed under the task: nothing is written then), writes the file as
-:func:`~kvctl.store.sharedtier.fileformat.write_object` does (temporary name, fsync,
-rename) at the master's path mapped to this host's mount, and reports. A refusal for
-lack of space (``ENOSPC``, ``EDQUOT``) is reported as ``full``; every error's text starts
-with its errno name, which the master counts.
+The write runs on the writer's own thread, never on the node's heartbeat loop: a file
+system that stalls (a distributed one under load, an fsync that takes seconds) must not
+make the master judge the node dead. :meth:`SharedWriter.run` waits a little for the
+write; one not done by then is reported ``pending`` (the master keeps the task in flight)
+and its real report goes with a later heartbeat (:meth:`SharedWriter.finished`).
+
+The node checks the range against the object's checksum before and after writing it (the
+DRAM copy may change under a write-through copy: the file is then removed and nothing is
+recorded), writes the file as :func:`~kvctl.store.sharedtier.fileformat.write_object` does
+(temporary name, fsync, rename) at the master's path mapped to this host's mount, and
+reports. A refusal for lack of space (``ENOSPC``, ``EDQUOT``) is reported as ``full``;
+every error's text starts with its errno name, which the master counts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+import queue
+import threading
 from collections.abc import Callable
 
 from kvctl.errors import KvctlError
@@ -22,34 +31,87 @@ from kvctl.store.sharedtier.fileformat import errno_name, write_object
 
 _log = logging.getLogger("kvctl.store.sharedtier")
 
+#: Seconds :meth:`SharedWriter.run` waits for a write before reporting it pending.
+WAIT_S = 0.25
+
+
+class _Job:
+    __slots__ = ("done", "epoch", "late", "report", "task", "view")
+
+    def __init__(self, task: p.Task, view: memoryview, epoch: str) -> None:
+        self.task = task
+        self.view = view
+        self.epoch = epoch
+        self.done = threading.Event()
+        self.report: p.TaskReport | None = None
+        self.late = False
+
 
 class SharedWriter:
-    """Carry out ``shared`` tasks.
+    """Carry out ``shared`` tasks on a thread of their own.
 
     Args:
         path_map: ``(master prefix, local prefix)`` pairs (where this host mounts the
             tier, when not at the master's path).
         fsync: fsync each file before its rename (the default: a file another host reads
             must not lose its data to this host's crash).
+        wait_s: how long :meth:`run` waits for a write before reporting it pending.
     """
 
-    def __init__(self, path_map: tuple[tuple[str, str], ...] = (), *, fsync: bool = True
-                 ) -> None:
+    def __init__(self, path_map: tuple[tuple[str, str], ...] = (), *, fsync: bool = True,
+                 wait_s: float = WAIT_S) -> None:
         self.path_map = path_map
         self.fsync = fsync
+        self.wait_s = wait_s
         self.written = 0
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._late: list[p.TaskReport] = []
+        self._thread: threading.Thread | None = None
 
     def run(self, task: p.Task, view_of: Callable[[int, int], memoryview], epoch: str
             ) -> p.TaskReport:
-        """Write ``task``'s range (``view_of(offset, size)``) to its file; the report."""
+        """Write ``task``'s range (``view_of(offset, size)``) to its file; its report, or a
+        ``pending`` one when the write takes longer than ``wait_s``."""
         try:
             view = view_of(task.offset, task.size)
         except KvctlError as exc:
             return p.TaskReport(task_id=task.task_id, ok=False, error=f"EINVAL: {exc.cause}")
+        job = _Job(task, view, epoch)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="kvctl-shared-writer",
+                                            daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+        job.done.wait(self.wait_s)
+        with self._lock:
+            if job.report is not None:
+                return job.report
+            job.late = True
+        return p.TaskReport(task_id=task.task_id, ok=False, pending=True)
+
+    def finished(self) -> list[p.TaskReport]:
+        """Reports of writes that were pending and have ended since the last call."""
+        with self._lock:
+            done, self._late = self._late, []
+        return done
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            report = self._write(job.task, job.view, job.epoch)
+            with self._lock:
+                job.report = report
+                if job.late:
+                    self._late.append(report)
+            job.done.set()
+
+    def _write(self, task: p.Task, view: memoryview, epoch: str) -> p.TaskReport:
+        changed = p.TaskReport(task_id=task.task_id, ok=False,
+                               error=f"CHANGED: the DRAM copy of {task.key!r} changed before "
+                               "it was written (overwritten or removed)")
         if checksum(view) != task.checksum:
-            return p.TaskReport(task_id=task.task_id, ok=False,
-                                error=f"CHANGED: the DRAM copy of {task.key!r} changed before "
-                                "it was written (overwritten or removed)")
+            return changed
         path = map_path(task.path, self.path_map)
         try:
             write_object(path, task.key, task.version, view, task.checksum, epoch,
@@ -60,5 +122,9 @@ class SharedWriter:
             _log.warning("%s", text)
             return p.TaskReport(task_id=task.task_id, ok=False, error=text,
                                 full=exc.errno in (errno.ENOSPC, errno.EDQUOT))
+        if checksum(view) != task.checksum:  # changed while it was written: not this object
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return changed
         self.written += 1
         return p.TaskReport(task_id=task.task_id, ok=True)
