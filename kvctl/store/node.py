@@ -17,8 +17,10 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvctl.errors import KvctlError, UsageError
 from kvctl.net.advertise import (
@@ -39,6 +41,9 @@ from kvctl.transfer.admin import segment_key
 from kvctl.transfer.engine import TransferEngine
 from kvctl.transfer.errors import BusyError
 from kvctl.transfer.segments import SegmentInfo
+
+if TYPE_CHECKING:
+    from kvctl.metrics import ServerMetrics
 
 _log = logging.getLogger("kvctl.store.node")
 
@@ -90,6 +95,8 @@ class StorageNode:
         heartbeat_s: heartbeat long-poll period, seconds (keep well under the master's
             node timeout).
         ssd_fsync: fsync SSD files (durable across host crashes).
+        metrics: where to count the data path's reads and writes and the SSD tasks
+            (namespace ``kvctl_node``, see :mod:`kvctl.store.metrics`), or ``None``.
     """
 
     def __init__(self, master: str, *, node_id: str | None = None,
@@ -97,7 +104,7 @@ class StorageNode:
                  ssd_capacity_bytes: int = 64 << 30, ssd_policy: str = "write-through",
                  listen: str | None = None, token: str | None = None,
                  heartbeat_s: float = 0.5, ssd_fsync: bool = False,
-                 advertise: Sequence[str] = ()) -> None:
+                 advertise: Sequence[str] = (), metrics: ServerMetrics | None = None) -> None:
         if capacity_bytes <= 0:
             raise UsageError(f"node capacity {capacity_bytes} is not positive",
                              "give --capacity a size such as 1GiB")
@@ -131,7 +138,11 @@ class StorageNode:
         self.engine = TransferEngine(f"store-{self.segment}",
                                      metadata=f"memory://kvctl-store-{self.segment}",
                                      listen=listen, token=token,
-                                     advertise=advertise or _preferred(listen, prefer))
+                                     advertise=advertise or _preferred(listen, prefer),
+                                     metrics=metrics)
+        self.metrics = metrics
+        #: port of this node's own metrics endpoint, once one is served (else ``None``)
+        self.metrics_port: int | None = None
         #: old segments to unregister once no transfer is in flight on them (see _renew)
         self._retiring: list[str] = []
         try:
@@ -249,7 +260,7 @@ class StorageNode:
                         continue
                     _log.warning("master refused heartbeat: %s", reply.error.cause)
                 elif isinstance(reply, p.Tasks):
-                    reports = [self._do(task) for task in reply.tasks]
+                    reports = [self._counted(task) for task in reply.tasks]
             except KvctlError as exc:
                 if self._stop.is_set():
                     break
@@ -262,6 +273,20 @@ class StorageNode:
                 self._stop.wait(min(self._heartbeat_s, 0.5))
         if conn is not None:
             conn.close()
+
+    def _counted(self, task: p.Task) -> p.TaskReport:
+        """:meth:`_do`, counted as operation ``ssd_<op>`` (outcome ok, full, corrupt or
+        failed; bytes: a persist's in to the SSD, a load's out of it)."""
+        started = time.perf_counter()
+        report = self._do(task)
+        if self.metrics is not None:
+            outcome = ("ok" if report.ok else "full" if report.full else
+                       "corrupt" if report.corrupt else "failed")
+            moved = task.size if report.ok else 0
+            self.metrics.record(f"ssd_{task.op}", time.perf_counter() - started, outcome,
+                                bytes_in=moved if task.op == "persist" else 0,
+                                bytes_out=moved if task.op == "load" else 0)
+        return report
 
     def _view(self, offset: int, size: int) -> memoryview:
         view = self._buffer.view
@@ -314,6 +339,8 @@ class StorageNode:
         self._thread.join(timeout=self._heartbeat_s + 6)
         self._buffer.close()
         self.engine.close()
+        if self.metrics is not None:
+            self.metrics.close()  # its own endpoint; nothing when it shares the master's
 
     def __enter__(self) -> StorageNode:
         return self
