@@ -35,6 +35,7 @@ from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import SSD_POLICIES
 from kvctl.store.rpc import MasterConnection
+from kvctl.store.sharedtier.writer import SharedWriter
 from kvctl.store.shmmap import SharedMapping
 from kvctl.store.ssd import SsdCorruptError, SsdMissingError, SsdStaleError, SsdTier
 from kvctl.transfer.admin import segment_key
@@ -123,6 +124,9 @@ class StorageNode:
         self._heartbeat_s = heartbeat_s
         self._stop = threading.Event()
         self.ssd: SsdTier | None = None
+        #: writes ``shared`` tasks to the master's shared tier (kvctl.store.sharedtier); set
+        #: its ``path_map`` where this host mounts the tier elsewhere than the master
+        self.shared = SharedWriter()
         self.ssd_policy = "off"
         self.ssd_capacity_bytes = 0
         if ssd_dir is not None:
@@ -247,6 +251,7 @@ class StorageNode:
                     conn = self._register()
                     self._conn = conn
                     _log.info("node %s registered again with %s", self.node_id, conn.address)
+                reports.extend(self.shared.finished())  # shared-tier writes ended since
                 reply = conn.call(p.Heartbeat(node_id=self.node_id, epoch=self.epoch,
                                               reports=reports, wait_s=self._heartbeat_s))
                 reports = []
@@ -297,6 +302,8 @@ class StorageNode:
 
     def _do(self, task: p.Task) -> p.TaskReport:
         self.tasks_done += 1
+        if task.op == "shared":
+            return self.shared.run(task, self._view, self.epoch)
         ssd = self.ssd
         if ssd is None:
             return p.TaskReport(task_id=task.task_id, ok=False, error="node has no SSD tier")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import struct
 from pathlib import Path
 
@@ -133,12 +134,18 @@ def read_bytes(path: Path, key: str, version: int, csum: int, size: int) -> byte
     return data
 
 
-def _open(path: Path, key: str) -> int:
+def _open(path: str | Path, key: str) -> int:
+    """A regular file's descriptor (a link, FIFO or device planted at the name is a miss:
+    ``O_NOFOLLOW``, and ``O_NONBLOCK`` so that opening a FIFO cannot hang)."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise SharedMissError(f"shared-tier file of {key!r} cannot be opened: "
                               f"{errno_name(exc)}", "it was evicted or purged") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SharedMissError(f"shared-tier file of {key!r} is not a regular file", None)
+    return fd
 
 
 def _preadv_all(fd: int, views: list[memoryview], key: str) -> int:
@@ -193,8 +200,8 @@ def read_header(path: str | Path) -> tuple[str, int, int, int] | None:
     """``(key, version, size, checksum)`` from a file's header, ``None`` when it has no
     valid one (the purge sweep's view: it never reads object bytes)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+        fd = _open(path, "")
+    except SharedMissError:
         return None
     try:
         head = os.pread(fd, HEADER.size + 4096 * 4, 0)
