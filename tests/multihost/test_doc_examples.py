@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from typing import Any
 
 import pytest
@@ -94,12 +95,47 @@ def test_store_across_three_hosts(nshosts: MakeHosts, token: bool, transport: st
     assert "failover" in results[3].stdout  # the smoke ran its checks (and exited 0)
 
 
+@pytest.mark.parametrize("token", [False, True], ids=["open", "token"])
+def test_store_standby_takes_over_across_three_hosts(nshosts: MakeHosts, token: bool) -> None:
+    """docs/store.md "Standby masters", as written; then the leader on A is SIGKILLed and
+    the object is read back through B, the standby that took over."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (apt-get install etcd-server)")
+    net = nshosts(3)
+    env = _env(net, token)
+    run = run_example(load_example(STORE, "store-standby"), net, env=env)
+    status = run.last().stdout
+    assert f"master {net[0].address}:50051" in status, status  # A leads, B stands by
+    leader = next(proc for step, proc in run.servers
+                  if step.host == 0 and "store master" in step.command)
+    leader.kill()
+    leader.wait(10)
+    both = f"{net[0].address}:50051,{net[1].address}:50051"
+    deadline = time.monotonic() + 60
+    while True:  # the node re-registers with the new leader a moment after it leads
+        done = net[2].run(["kvctl", "store", "get", "doc/prompts", "-o", "/tmp/got.jsonl",
+                           "--master", both], env=env[2], timeout=60)
+        if done.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert done.returncode == 0, done.stderr
+    got = net[2].tmp / "got.jsonl"
+    assert got.read_bytes() == (REPO / "examples" / "keys" / "prompts.jsonl").read_bytes()
+    status = net[2].run(["kvctl", "store", "status", "--master", both], env=env[2],
+                        timeout=60).stdout
+    assert f"master {net[1].address}:50051" in status, status
+
+
+STORE = REPO / "docs" / "store.md"
+
+
 def test_every_marked_example_is_tested() -> None:
     marked = set()
     for doc in [*REPO.glob("docs/*.md"), *REPO.glob("examples/**/*.md"), REPO / "README.md"]:
         marked |= set(re.findall(r"<!--\s*example:\s*([\w.-]+)\s*-->", doc.read_text()))
     tested = {"two-hosts", "two-hosts-etcd", "metadata-serve", "store-three-hosts",
-              "bench-two-hosts", "bench-two-hosts-etcd", "bench-foreign-two-hosts"}
+              "bench-two-hosts", "bench-two-hosts-etcd", "bench-foreign-two-hosts",
+              "store-standby"}
     assert marked <= tested, marked - tested
 
 
