@@ -126,9 +126,12 @@ def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str 
     config = master_config(settings)
     tenants = parse_tenants(settings.tenants, source="store tenants (--tenant)")
     check_admin_token(tenants, token)
+    from kvctl.store.sharedtier.config import SharedTierConfig
+
+    shared = SharedTierConfig.from_settings(settings)  # checked before any state is opened
     state = open_state(settings.state, cluster_id=cluster_id, token=token)
     try:
-        core = MasterCore(config, state)
+        core = MasterCore(config, state, shared_tier=shared)
     except BaseException:
         state.close()
         raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import secrets
 import tempfile
@@ -408,6 +409,7 @@ def run_kvctl(master: str | None = None, *, token: str | None = None,
                 lambda: new_client(replicas=2)))
             run.check("eviction", lambda: _eviction(run, client))
             run.check("ssd-read", lambda: _ssd_verify(run, client, probe))
+            run.check("shared-tier", lambda: _shared_tier(run, client, new_client, embedded))
             for start in range(0, len(run.keys), 1024):
                 client.batch_remove(sorted(run.keys)[start:start + 1024])
         finally:
@@ -418,13 +420,36 @@ def run_kvctl(master: str | None = None, *, token: str | None = None,
     return SmokeReport("kvctl", "embedded" if embedded else master, run.checks)
 
 
+def _shared_tier(run: _Run, client: StoreClient, new_client: Callable[[], StoreClient],
+                 embedded: _EmbeddedCluster | None) -> str:
+    from kvctl.store.sharedtier import smokecheck
+
+    try:
+        return smokecheck.run_check(
+            client, run.key, new_client,
+            functools.partial(embedded.writers.start, embedded.address) if embedded else None,
+            sorted(k for k in run.keys if "evict-" in k))
+    except smokecheck.SharedCheckSkipError as exc:
+        raise _SkipError(str(exc)) from None
+    except smokecheck.SharedCheckFailError as exc:
+        raise _FailError(str(exc)) from None
+
+
 class _EmbeddedCluster:
-    """Master + two 48 MiB nodes (one with a write-through SSD tier) in this process."""
+    """Master + two 48 MiB nodes (one with a write-through SSD tier) in this process, a
+    write-through shared tier in a temporary directory, and (for the shared-tier check) a
+    16 MiB node in a child process that the check kills."""
 
     def __init__(self) -> None:
+        from kvctl.store.sharedtier.config import SharedTierConfig
+        from kvctl.store.sharedtier.smokecheck import Writers
+
         self._tmp = tempfile.TemporaryDirectory(prefix="kvctl-smoke-")
-        self.server = MasterServer(MasterCore(MasterConfig(node_timeout_s=3.0)))
+        self.server = MasterServer(MasterCore(
+            MasterConfig(node_timeout_s=3.0), shared_tier=SharedTierConfig(
+                Path(self._tmp.name) / "shared", policy="write-through")))
         self.nodes: dict[str, StorageNode] = {}
+        self.writers = Writers()
         try:
             for nid, ssd in (("smoke-a", Path(self._tmp.name)), ("smoke-b", None)):
                 self.nodes[nid] = StorageNode(self.server.address, node_id=nid,
@@ -444,6 +469,7 @@ class _EmbeddedCluster:
             node.close()
 
     def close(self) -> None:
+        self.writers.kill_all()
         for node in self.nodes.values():
             node.close()
         self.nodes.clear()

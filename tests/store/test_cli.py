@@ -117,7 +117,7 @@ def test_smoke_embedded_json(kvctl: Kvctl) -> None:
     status = {c["name"]: c["status"] for c in doc["checks"]}
     assert status == {"single": "pass", "batch": "pass", "concurrent": "pass",
                       "exists-remove": "pass", "ssd-persist": "pass", "failover": "pass",
-                      "eviction": "pass", "ssd-read": "pass"}
+                      "eviction": "pass", "ssd-read": "pass", "shared-tier": "pass"}
 
 
 def test_smoke_against_master_reports_skips(kvctl: Kvctl, store: EmbeddedStore) -> None:

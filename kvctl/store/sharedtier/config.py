@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvctl.errors import UsageError
+
+if TYPE_CHECKING:
+    from kvctl.store.settings import StoreSettings
 
 #: ``write-back``: an object is copied to the shared tier when DRAM evicts it;
 #: ``write-through``: also soon after each put (a node task, never on the put's path).
@@ -49,6 +53,20 @@ class SharedTierConfig:
     max_queued_writes: int = 32
     max_queued_bytes: int = 64 << 20
     fsync: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: StoreSettings) -> SharedTierConfig | None:
+        """The shared tier the store settings name (checked), or ``None``."""
+        if settings.shared_tier is None:
+            return None
+        config = cls(settings.shared_tier.expanduser().absolute(),
+                     policy=settings.shared_tier_policy,
+                     capacity_bytes=settings.shared_tier_capacity,
+                     max_files=settings.shared_tier_files,
+                     orphan_grace_s=settings.shared_tier_orphan_grace,
+                     sweep_interval_s=settings.shared_tier_sweep_interval)
+        config.check()
+        return config
 
     def check(self) -> None:
         """Raise :class:`UsageError` naming the first bad setting."""
