@@ -2,7 +2,7 @@
 
 Hosts A, B and C each run ``kvctl store master --state etcd://C:2379``, started at once;
 host C also runs etcd, a storage node and the clients, all given every master
-(``--master A:50051,B:50051,C:50051``). A 2 s lease (``KVCTL_STORE_HA_TTL``) keeps the test
+(``--master A:50051,B:50051,C:50051``). A 3 s lease (``KVCTL_STORE_HA_TTL``) keeps the test
 short. Checked: exactly one master leads and the others write nothing; the leader
 SIGKILLed under a 4-client put load loses no acknowledged object and no byte, and exactly
 one standby takes over; a leader SIGSTOPped past its lease and resumed after the takeover
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 PORT = 50051
 #: The leader's lease, seconds (KVCTL_TEST_HA_TTL=5 measures the default's takeover).
-TTL_S = float(os.environ.get("KVCTL_TEST_HA_TTL", "2"))
+TTL_S = float(os.environ.get("KVCTL_TEST_HA_TTL", "3"))
 ENV = {"KVCTL_STORE_HA_TTL": str(TTL_S), "KVCTL_STORE_NODE_TIMEOUT": "3"}
 
 
