@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.hosts import MakeHosts, stop
+from tests.fixtures.nshosts import HostNet, HostsUnavailableError
 
 SINK = ("import socket\ns = socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen()\n"
         "print('ready', flush=True)\nc, _ = s.accept(); n = 0\n"
@@ -87,3 +88,43 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def _rail_mbit(net: HostNet, rail: int, megabytes: int) -> float:
+    """Mbit/s from h1 to h2 over ``rail`` (h1's source address on that rail, checked)."""
+    sink = net[1].popen(["python3", "-c", SINK_PEER])
+    assert sink.stdout is not None
+    assert sink.stdout.readline() == b"ready\n"
+    done = net[0].run(["python3", "-c", SEND, net[1].rail_address(rail), str(megabytes)],
+                      timeout=60)
+    assert done.returncode == 0, done.stderr
+    out, _ = sink.communicate(timeout=30)
+    peer, count = out.split()[-2:]
+    assert count == str(megabytes << 20).encode()
+    assert peer.decode() == net[0].rail_address(rail)  # the kernel sent from that rail
+    return float(done.stdout)
+
+
+SINK_PEER = SINK.replace("c, _ = s.accept()", "c, who = s.accept()").replace(
+    "print(n)", "print(who[0], n)")
+
+
+@pytest.mark.integration
+def test_two_rails_are_separate_links(tmp_path: Path) -> None:
+    try:
+        net = HostNet(2, tmp_path, rails=2)
+    except HostsUnavailableError as exc:
+        pytest.skip(f"no namespaced hosts here: {exc}")
+    with net:
+        h1, h2 = net
+        assert [h1.rail_address(r) for r in (0, 1)] == ["198.18.0.1", "198.18.1.1"]
+        done = h2.sh("ip -4 -o addr show eth0; ip -4 -o addr show eth1")
+        assert "198.18.0.2/24" in done.stdout and "198.18.1.2/24" in done.stdout, done
+        h1.shape(rate_mbit=80, rail=1)
+        slow = _rail_mbit(net, 1, 8)
+        free = _rail_mbit(net, 0, 32)
+        assert slow < 130 < free, (slow, free)
+        h1.shape(rail=1)  # unshaped again
+        assert _rail_mbit(net, 1, 32) > 130
+        with pytest.raises(ValueError, match="rails 0..1"):
+            h1.rail_address(2)
