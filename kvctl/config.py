@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kvctl.errors import ConfigError
+from kvctl.errors import ConfigError, UsageError
 from kvctl.units import parse_duration, parse_size
 from kvctl.yamlfile import load_yaml
 
@@ -275,6 +275,8 @@ def _coerce(raw: Any, hint: Any, field: dataclasses.Field[Any], source: str) -> 
         return _scalar(raw, hint)
     except ConfigError:
         raise
+    except UsageError as exc:  # a size or duration: its message names the source and value
+        raise ConfigError(exc.cause, exc.hint) from None
     except Exception as exc:  # noqa: BLE001 - every parse failure becomes one typed error
         cause = getattr(exc, "cause", None) or str(exc)
         raise ConfigError(

@@ -111,6 +111,10 @@ def parse_duration(text: str | float, *, what: str = "duration") -> float:
     else:
         match = _SIZE_RE.match(text)
         unit = match["unit"].lower() if match else None
+        negative = _SIZE_RE.match(text.strip()[1:]) if text.strip().startswith("-") else None
+        if match is None and negative is not None and negative["unit"].lower() in _DURATION_UNITS:
+            raise UsageError(f"{what} {text.strip()!r} is negative",
+                             "give a duration of 0 or more, e.g. 10s or 250ms")
         if match is None or unit not in _DURATION_UNITS:
             raise UsageError(
                 f"{what} {text!r} is not a duration", "write e.g. 10s, 250ms, 2m or 1h"
