@@ -141,6 +141,8 @@ CASES: list[tuple[str, list[str], tuple[int, ...]]] = [
     ("doctor.env", ["doctor", "env", "--metadata", "memory://", "--json"], (0,)),
     ("doctor.env", ["doctor", "env", "--require", "memory", "--require", "cuda", "--json"],
      (3,)),
+    ("doctor.env", ["doctor", "env", "--metadata", "http://127.0.0.1:1", "--require", "http",
+                    "--json"], (3,)),
     ("sim.pool", ["sim", "pool", "--sessions", "12", "--local-blocks", "100,400", "--json"],
      (0,)),
     ("sim.pool", ["sim", "pool", "--sessions", "8", "--local-blocks", "200", "--model",
