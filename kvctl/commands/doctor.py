@@ -83,7 +83,7 @@ def env(
 
 
 #: How a component that is not usable is described in the error of ``--require``.
-_STATE_WORDS = {Status.UNAVAILABLE: "not available", Status.ERROR: "present but broken"}
+_STATE_WORDS = {Status.UNAVAILABLE: "not available", Status.ERROR: "failing"}
 
 
 def _required_detail(name: str, by_name: dict[str, ComponentStatus]) -> str:
