@@ -198,3 +198,78 @@ def test_cut_connections_never_desync_the_frame_macs(caplog: pytest.LogCaptureFi
             time.sleep(0.01)
         assert [f"round {i}".encode() for i in range(25, 30)] == got[-5:]
     assert "MAC" not in caplog.text
+
+
+def _handshake(sock: socket.socket) -> auth.FrameMac:
+    _, _, _, nonce = p.HELLO.unpack(recv_exact(sock, p.HELLO.size))
+    mine = auth.new_nonce()
+    sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION,
+                               auth.respond(TOKEN, bytes(nonce), p.AUTH_CONTEXT), mine))
+    assert p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))[1] == p.Verdict.OK
+    return auth.FrameMac(auth.session_key(TOKEN, bytes(nonce), mine, p.AUTH_CONTEXT),
+                         client=True)
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    sock.settimeout(10)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_reordered_or_truncated_frames_write_nothing() -> None:
+    """Two WRITEs sealed in order and delivered swapped (a reordering relay), and a frame cut
+    inside its MAC (a truncating one): nothing lands. (A cut inside a WRITE's payload lands
+    the bytes that arrived: payload goes straight into the segment and is not MACed; the
+    client sees the failure and retries the whole frame.)"""
+    with TransferEngine("order-target", memory_url(), token=TOKEN) as tgt:
+        tgt.register_segment("vault", SIZE)
+        seg = tgt.lookup("vault").seg_id
+        host, _, port = (tgt.address or "").rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            mac = _handshake(sock)
+            frames = []
+            for tag, offset in ((1, 0), (2, 4096)):
+                control = p.HEADER.pack(p.FrameType.WRITE, 0, 0, tag, 1, 4) + p.ENTRY.pack(
+                    seg, offset, 4)
+                frames.append(control + mac.seal(control) + b"evil")
+            with contextlib.suppress(OSError):
+                sock.sendall(frames[1] + frames[0])
+            assert _hung_up(sock)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            mac = _handshake(sock)
+            control = p.HEADER.pack(p.FrameType.WRITE, 0, 0, 1, 1, 4) + p.ENTRY.pack(seg, 0, 4)
+            sock.sendall(control + mac.seal(control)[:8])  # cut inside the MAC
+            sock.shutdown(socket.SHUT_WR)
+            assert _hung_up(sock)
+        assert bytes(tgt.local_view("vault")[:8192]) == bytes(8192)
+
+
+def test_junk_after_a_valid_handshake_is_cut_before_its_payload_is_read() -> None:
+    """A relay (or a client) that got through the handshake sends the largest WRITE the
+    limits allow, junk entries and a junk MAC: the target hangs up after the entries, never
+    reads or allocates the 256 MiB it announced, writes nothing and serves the next one."""
+    url = memory_url()
+    with TransferEngine("junk-target", url, token=TOKEN) as tgt:
+        tgt.register_segment("vault", SIZE)
+        host, _, port = (tgt.address or "").rpartition(":")
+        for entries in (p.MAX_ENTRIES, 1):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                _handshake(sock)
+                started = time.monotonic()
+                head = p.HEADER.pack(p.FrameType.WRITE, 0, 0, 1, entries, 256 << 20)
+                junk = p.ENTRY.pack(1, 0, 4096) * entries + bytes(auth.FRAME_MAC_BYTES)
+                with contextlib.suppress(OSError):
+                    sock.sendall(head + junk + b"\xff" * 65536)
+                sock.settimeout(10)
+                with contextlib.suppress(ConnectionResetError):
+                    assert sock.recv(1) == b""
+                assert time.monotonic() - started < 10
+        assert bytes(tgt.local_view("vault")) == bytes(SIZE)
+        with TransferEngine("junk-ini", url, transport="tcp", token=TOKEN) as ini:
+            ini.register_segment("l", 4096)
+            ini.local_view("l")[:] = b"x" * 4096
+            ini.transfer([TransferRequest(OpCode.WRITE, "l", 0, "vault", 0, 4096)],
+                         timeout_s=20)
+        assert bytes(tgt.local_view("vault")[:4096]) == b"x" * 4096
