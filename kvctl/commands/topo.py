@@ -29,6 +29,7 @@ from kvctl.topo.model import LEGEND, PortState, Topology
 from kvctl.topo.rank import rank_nics
 from kvctl.topo.snapshot import write_snapshot
 from kvctl.topo.sources import TopoSettings, live_sources, load_topology
+from kvctl.wording import plural
 
 app = typer.Typer(
     help="GPU-NIC PCIe affinity: which NIC serves which GPU, and what is misconfigured."
@@ -298,7 +299,9 @@ def snapshot(
     if json_out:
         out.emit_json("topo.snapshot", dataclasses.asdict(summary))
     else:
-        out.print(f"Wrote {summary.path}: {summary.files} files, {summary.links} symlinks, "
-                  f"{summary.dirs} directories, {summary.size_bytes} bytes.")
+        out.print(f"Wrote {summary.path}: {plural(summary.files, 'file')}, "
+                  f"{plural(summary.links, 'symlink')}, "
+                  f"{plural(summary.dirs, 'directory', 'directories')}, "
+                  f"{plural(summary.size_bytes, 'byte')}.")
         out.print(f"Read it anywhere with: kvctl topo --from {summary.path}")
 

@@ -35,6 +35,7 @@ from kvctl.keys.store_check import (
 from kvctl.output import Output, check_entry
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
+from kvctl.wording import plural
 
 app = typer.Typer(help="Check that every instance names KV blocks with the same keys.\n\n"
                   "Without a command: self-check the key scheme; with --store ADDR --prompts "
@@ -327,7 +328,8 @@ def _render_store_check(out: Output, report: StoreCheckReport) -> None:
                   "matching stops at the gap. The missing block was evicted, or the rest was "
                   "written by an instance whose keys differ from these settings (compare "
                   "manifests with 'kvctl verify-keys emit' and 'compare').")
-    out.print(f"{report.keys_checked} keys looked up in {report.exists_calls} request(s); "
+    out.print(f"{plural(report.keys_checked, 'key')} looked up in "
+              f"{plural(report.exists_calls, 'request')}; "
               f"settings fingerprint {report.fingerprint}.")
 
 
@@ -421,7 +423,8 @@ def emit_cmd(
     if json_out:
         out.emit_json("keys.emit", summary)
     else:
-        out.print(f"wrote {output}: {summary['prompts']} prompts, {summary['keys']} keys, "
+        out.print(f"wrote {output}: {plural(len(manifest.prompts), 'prompt')}, "
+                  f"{plural(sum(len(p.keys) for p in manifest.prompts), 'key')}, "
                   f"profile {config.profile}, fingerprint {manifest.fingerprint}")
 
 

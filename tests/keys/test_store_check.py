@@ -94,7 +94,7 @@ def test_full_partial_and_missing_prompts(kvctl: Kvctl, store: EmbeddedStore,
     table = kvctl("verify-keys", "--store", store.address, "--prompts", str(path))
     assert table.exit_code == 0
     assert "partial" in table.stdout
-    assert "18 keys looked up in 1 request(s)" in table.stdout
+    assert "18 keys looked up in 1 request;" in table.stdout
 
 
 def test_gap_shows_where_the_chain_breaks(kvctl: Kvctl, store: EmbeddedStore,
