@@ -94,7 +94,8 @@ def _client(ctx: typer.Context, master: str | None, **flags: Any) -> StoreClient
     settings = opts.settings(StoreSettings, master=master, **flags)
     common = opts.settings(CommonSettings)
     return StoreClient(resolve_master(settings), token=common.token,
-                       replicas=settings.replicas, transport=settings.transport)
+                       replicas=settings.replicas, transport=settings.transport,
+                       shared_map=settings.shared_tier_map)
 
 
 def _check_backend(backend: str) -> None:
