@@ -79,13 +79,15 @@ Tamper = Callable[[EngineDriver, str, int], None]
 
 
 def plan_for(sweep: Sweep, *, timeout_s: float = 30.0, peer: str | None = None,
-             metadata: str | None = None, token: str | None = None) -> DriverPlan:
+             metadata: str | None = None, token: str | None = None,
+             local_addresses: tuple[str, ...] = ()) -> DriverPlan:
     """The driver plan a sweep needs: one region per thread, sized for its largest batch."""
     stride = sweep.region_bytes // sweep.threads
     return DriverPlan(region_bytes=sweep.region_bytes, thread_stride_bytes=stride,
                       threads=sweep.threads, local=sweep.local, remote=sweep.remote,
                       timeout_s=timeout_s, peer=peer, metadata=metadata, token=token,
-                      nics=sweep.nics, gid_index=sweep.gid_index)
+                      nics=sweep.nics, gid_index=sweep.gid_index,
+                      local_addresses=local_addresses)
 
 
 def new_run_id() -> int:

@@ -45,6 +45,8 @@ class RunOptions:
         expect_line_rate / expect_gbytes_per_s: thresholds that make the run a check.
         nic_rates: line rate of cross-host paths by medium (``tcp``, ``rdma``), from topology.
         token: shared secret both ends (and the metadata service) authenticate with.
+        local_addresses: local IPs kvctl's TCP connections leave from (a rail's address);
+            empty: the kernel's route.
     """
 
     engines: tuple[str, ...] = ("kvctl",)
@@ -55,6 +57,7 @@ class RunOptions:
     expect_gbytes_per_s: float | None = None
     nic_rates: Mapping[str, LineRate] = dataclasses.field(default_factory=dict)
     token: str | None = dataclasses.field(default=None, repr=False)
+    local_addresses: tuple[str, ...] = ()
 
 
 def validate_engines(names: Sequence[str]) -> tuple[str, ...]:
@@ -154,7 +157,8 @@ def run_transfer_bench(
             first_unavailable = first_unavailable or exc
             continue
         plan = plan_for(sweep, timeout_s=options.timeout_s, peer=options.peer,
-                        metadata=options.metadata, token=options.token)
+                        metadata=options.metadata, token=options.token,
+                        local_addresses=options.local_addresses)
         with driver:
             try:
                 driver.start(plan)

@@ -332,7 +332,9 @@ class _Run:
                     continue
                 t.bench = self.c.submit(t.a, BENCH, BenchParams(
                     peer=ready.peer, sweep=self.params, engines=list(o.engines),
-                    timeout_s=o.timeout_s), hold_s=self.pair_timeout_s)
+                    timeout_s=o.timeout_s,
+                    local_address=t.rail_a.address if t.rail_a else None),
+                    hold_s=self.pair_timeout_s)
             benches = [t.bench for t in tasks if t.bench is not None]
             if benches and not self.c.wait(benches, want=WAIT_FINAL,
                                            timeout_s=self.pair_timeout_s, stop=self.stop):

@@ -4,8 +4,8 @@ Facts come from the sources the rest of kvctl reads, passed in so tests hand in 
 the topology (``kvctl topo``: GPUs, RDMA and Ethernet NICs with rates and port states, the
 doctor's findings) and the host's network interfaces (psutil), which also list what topo
 does not see (virtual NICs without a PCI function). The *rails* of a host are its active
-NICs with an IPv4 address, in name order: rail ``i`` of one host is benchmarked against rail
-``i`` of another.
+NICs with an IPv4 address, in name order, or the ones ``kvctl agent --rail`` names, in the
+order given: rail ``i`` of one host is benchmarked against rail ``i`` of another.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kvctl.cluster.protocol import (
     check_host_name,
     now,
 )
-from kvctl.errors import KvctlError
+from kvctl.errors import KvctlError, UsageError
 from kvctl.net.advertise import interface_addresses, route_source
 from kvctl.net.bind import LOOPBACK, is_loopback
 
@@ -131,6 +131,45 @@ def rails_of(nics: Sequence[NicFact]) -> list[Rail]:
     return [Rail(i, n.name, n.addresses[0]) for i, n in enumerate(usable)]
 
 
+def pinned_rails(specs: Sequence[str], nics: Sequence[NicFact],
+                 addresses: Sequence[str]) -> list[Rail]:
+    """The rails ``kvctl agent --rail`` names, numbered in the order given.
+
+    Each spec is ``NAME=ADDRESS`` (rail ``NAME`` at ``ADDRESS``, an address of this host) or
+    ``NAME`` (a NIC or interface of this host, at its first IPv4 address).
+
+    Raises:
+        UsageError: an empty name, an address this host does not have, a NIC it does not
+            have or one without an address, or a name or address given twice.
+    """
+    by_name = {n.name: n for n in nics}
+    by_name.update({n.netdev: n for n in nics if n.netdev and n.netdev not in by_name})
+    rails: list[Rail] = []
+    for spec in specs:
+        name, sep, address = (part.strip() for part in spec.partition("="))
+        if not name or (sep and not address):
+            raise UsageError(f"--rail {spec!r} is not NAME or NAME=ADDRESS",
+                             "e.g. --rail eth1 or --rail rail1=10.1.0.5")
+        if not sep:
+            nic = by_name.get(name)
+            if nic is None:
+                raise UsageError(f"--rail {name}: this host has no NIC or interface {name}",
+                                 f"its NICs: {', '.join(sorted(by_name)) or 'none'}; or give "
+                                 "NAME=ADDRESS")
+            if not nic.addresses:
+                raise UsageError(f"--rail {name}: {name} has no IPv4 address",
+                                 "give the rail's address: --rail NAME=ADDRESS")
+            address = nic.addresses[0]
+        elif address not in addresses:
+            raise UsageError(f"--rail {spec}: {address} is not an address of this host",
+                             f"its addresses: {', '.join(addresses) or 'none'}")
+        if any(r.nic == name or r.address == address for r in rails):
+            raise UsageError(f"--rail {spec}: that name or address is already a rail",
+                             "give each rail once, with its own address")
+        rails.append(Rail(len(rails), name, address))
+    return rails
+
+
 def primary_address(toward: str | None, advertise: str | None = None,
                     route: Callable[[str], str | None] = route_source,
                     interfaces: Callable[[], list[str]] = interface_addresses) -> str:
@@ -201,16 +240,20 @@ class FactSources:
 def collect_facts(*, hostname: str | None = None, toward: str | None = None,
                   advertise: str | None = None, jobs: Sequence[str] = (),
                   lease_ttl_s: float = 10.0, poll_s: float = 0.5, metrics: str | None = None,
-                  sources: FactSources | None = None) -> tuple[HostRecord, Topology | None]:
+                  rails: Sequence[str] = (), sources: FactSources | None = None
+                  ) -> tuple[HostRecord, Topology | None]:
     """This host's record (and the topology it came from, for NIC line rates later).
 
     Args:
         hostname: the member name (default: the kernel's hostname).
         toward: the metadata service's host, to pick the address that routes to it.
         advertise: the address to publish instead (``--advertise``).
+        rails: ``--rail`` specs (:func:`pinned_rails`); empty: every active NIC with an
+            IPv4 address (:func:`rails_of`).
 
     Raises:
-        UsageError: a host name that cannot be a key.
+        UsageError: a host name that cannot be a key, or a ``--rail`` that is not this
+            host's.
     """
     src = sources or FactSources()
     name = check_host_name(hostname or socket.gethostname())
@@ -225,7 +268,8 @@ def collect_facts(*, hostname: str | None = None, toward: str | None = None,
     record = HostRecord(
         hostname=name, agent_id=uuid.uuid4().hex[:12], version=__version__, pid=os.getpid(),
         started_at=now(), address=address, addresses=list(dict.fromkeys(addresses)),
-        gpus=gpus, nics=nics, rails=rails_of(nics), doctor=doctor_summary(topology),
+        gpus=gpus, nics=nics, doctor=doctor_summary(topology),
+        rails=pinned_rails(rails, nics, addresses) if rails else rails_of(nics),
         transports=transports_of(topology), engines=src.engines(), jobs=list(jobs),
         lease_ttl_s=lease_ttl_s, poll_s=poll_s, metrics=metrics)
     return record, topology

@@ -41,6 +41,7 @@ from kvctl.cluster.protocol import (
     BenchParams,
     BenchResult,
     CheckRow,
+    HostRecord,
     KeysParams,
     NodeView,
     RowSummary,
@@ -120,6 +121,13 @@ def _check_region(size: int, limit: int) -> None:
 # ---------------------------------------------------------------- bench target and initiator
 
 
+def _check_own_address(host: HostRecord, address: str) -> None:
+    if address not in host.addresses and address != host.address and \
+            address not in (r.address for r in host.rails):
+        raise UsageError(f"{address} is not an address of {host.hostname}",
+                         f"its addresses: {', '.join(host.addresses) or 'none'}")
+
+
 def serve_target(ctx: JobContext, *, max_region_bytes: int) -> None:
     """Serve a segment sized for the client's sweep until the job is deleted."""
     from kvctl.bench.engines.serve import TargetSet
@@ -128,10 +136,8 @@ def serve_target(ctx: JobContext, *, max_region_bytes: int) -> None:
     p: TargetParams = ctx.params(TargetParams)
     _check_region(p.region_bytes, max_region_bytes)
     address = p.address or ctx.host.address
-    if p.address is not None and p.address not in ctx.host.addresses and \
-            p.address != ctx.host.address:
-        raise UsageError(f"{p.address} is not an address of {ctx.host.hostname}",
-                         f"its addresses: {', '.join(ctx.host.addresses) or 'none'}")
+    if p.address is not None:
+        _check_own_address(ctx.host, p.address)
     spec = TargetSpec(region_bytes=p.region_bytes, location=p.location,
                       listen=join_host_port(address, 0), metadata=None,
                       segment=DEFAULT_SEGMENT, token=ctx.token,
@@ -159,9 +165,12 @@ def run_bench(ctx: JobContext, *, topology: Topology | None,
 
     p: BenchParams = ctx.params(BenchParams)
     sweep = sweep_from(p.sweep, max_region_bytes=max_region_bytes)
+    if p.local_address is not None:
+        _check_own_address(ctx.host, p.local_address)
     options = RunOptions(engines=validate_engines(p.engines), peer=p.peer,
                          timeout_s=p.timeout_s, token=ctx.token,
-                         nic_rates=nic_rates_for(p.sweep.local_location, topology))
+                         nic_rates=nic_rates_for(p.sweep.local_location, topology),
+                         local_addresses=(p.local_address,) if p.local_address else ())
     report = run_transfer_bench(sweep, options, on_progress=lambda _e: ctx.check_cancelled())
     rows = [RowSummary(
         engine=r.engine, op=r.op, transport=r.transport, block_size_bytes=r.block_size_bytes,

@@ -416,12 +416,15 @@ class TargetReady(msgspec.Struct, frozen=True):
 
 
 class BenchParams(msgspec.Struct, frozen=True):
-    """Initiate a sweep against ``peer``."""
+    """Initiate a sweep against ``peer``; kvctl's TCP connections leave from
+    ``local_address`` (a rail's address in a rail-by-rail bench; ``None``: the kernel's
+    route)."""
 
     peer: str
     sweep: SweepParams
     engines: list[str]
     timeout_s: float = 10.0
+    local_address: str | None = None
 
 
 class RowSummary(msgspec.Struct, frozen=True):

@@ -23,6 +23,10 @@ def agent(
     advertise: Annotated[str | None, typer.Option(
         "--advertise", help="Address peers reach this host at (default: the one that "
         "routes to the metadata service).", show_default=False)] = None,
+    rail: Annotated[list[str] | None, typer.Option(
+        "--rail", help="A NIC rail, NAME (a NIC or interface here, at its IPv4 address) or "
+        "NAME=ADDRESS; repeat in rail order (default: every active NIC with an IPv4 "
+        "address, in name order).", show_default=False)] = None,
     ttl: Annotated[str, typer.Option(
         "--ttl", help="Lease TTL: a dead agent vanishes within it.")] = "10s",
     poll: Annotated[str, typer.Option(
@@ -47,7 +51,13 @@ def agent(
     single-host runbook, store roles and key manifests on request. KVCTL_TOKEN signs
     everything it publishes and refuses unsigned jobs.
 
+    Rails: kvctl cluster bench --per-rail benches rail i of each host against rail i of
+    the others, binding both ends to the rails' addresses; --rail names them where the
+    default (active NICs with an address, in name order) is not the fabric's order.
+
     Example: kvctl agent --metadata etcd://10.0.0.5:2379 --metrics-port 9470
+
+    Example: kvctl agent --metadata etcd://10.0.0.5:2379 --rail eth1 --rail eth2
     """
     import msgspec
 
@@ -87,7 +97,7 @@ def agent(
             host, bound = metrics.serve_for(host, port, token=common.token)
         record, topology = collect_facts(hostname=hostname, toward=service_host(url),
                                          advertise=advertise, lease_ttl_s=ttl_s,
-                                         poll_s=poll_s)
+                                         poll_s=poll_s, rails=rail or ())
         if metrics is not None:
             # A wildcard bind is reached at the address the agent registers.
             shown = record.address if is_unspecified(host) else host

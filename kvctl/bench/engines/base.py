@@ -36,6 +36,8 @@ class DriverPlan:
         nics: RDMA NICs pinned with ``--nic`` (``mlx5_0``, ``mlx5_0:1``), best first; empty:
             topo's ranking.
         gid_index: RoCE GID index pinned with ``--gid-index``, else ``None``.
+        local_addresses: local IP addresses the initiator's TCP connections leave from (a
+            cluster bench's rail); empty: the kernel's route.
     """
 
     region_bytes: int
@@ -49,6 +51,7 @@ class DriverPlan:
     token: str | None = dataclasses.field(default=None, repr=False)
     nics: tuple[str, ...] = ()
     gid_index: int | None = None
+    local_addresses: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -117,6 +117,7 @@ class KvctlDriver(EngineDriver):
         engine = TransferEngine(f"kvctl-bench-init-{tag}", metadata=self._metadata_url,
                                 transport=transport, timeout_s=plan.timeout_s, token=self.token,
                                 listen="127.0.0.1:0", advertise=["127.0.0.1"],
+                                nics=plan.local_addresses,
                                 rdma=rdma_options(plan.nics, plan.gid_index, plan.timeout_s))
         try:
             self._local_name = f"kvctl-bench-local-{tag}"
