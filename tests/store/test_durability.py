@@ -301,3 +301,24 @@ def test_a_tenants_answer_names_its_own_keys_by_their_index() -> None:
         alpha.close()
         admin.close()
         server.close()
+
+
+def test_objects_of_every_master_run_survive_a_second_restart(tmp_path: Path) -> None:
+    """Each master run the node registers with writes its record again (same epoch) into
+    that run's journal segment; a later restore keeps the objects of the earlier runs on
+    it (it replaced the node and dropped them all: the third run restored only the second
+    run's objects, 480 of 3,888 acknowledged puts were lost after 3 SIGKILLs)."""
+    keys: list[str] = []
+    for run in range(3):
+        core = MasterCore(MasterConfig(node_timeout_s=1e6), state=JournalState(tmp_path / "s"))
+        assert core.exists(keys) == [True] * len(keys), f"run {run}"
+        node(core, "a", 1 << 26)  # the same node, same epoch, registers again
+        for i in range(10):
+            assert isinstance(put(core, f"r{run}/{i}", 100), p.PutSlot)
+            keys.append(f"r{run}/{i}")
+        assert core.state.ack() is None
+        core.close()
+    core = MasterCore(state=JournalState(tmp_path / "s"))
+    assert core.exists(keys) == [True] * 30
+    assert core.stat("r0/0").replicas == ["a"]  # type: ignore[union-attr]
+    core.close()

@@ -1,7 +1,11 @@
 """Rebuild a master's tables from its state backend.
 
 The backend's changes are replayed in order (a journal's segments hold the same key many
-times; only the last record counts), each object built as its record comes. Nodes come
+times; only the last record counts), each object built as its record comes. A node's
+record seen again with the same epoch and capacity (each master run that the node
+registered with writes it) updates that node: objects recorded earlier keep their copies
+on it (replacing it lost every object of the earlier runs once a master had restarted
+twice). Nodes come
 back *restored* (no placements, no reads) until they register again with the same epoch,
 or are dropped after their grace. A replica or SSD copy recorded under another epoch than
 its node's record is gone (the node restarted since) and is left out. Each node's
@@ -36,6 +40,16 @@ def restore(core: MasterBase) -> int:
             max_version = max(max_version, entry.version)
             objects[entry.key] = _object(entry, nodes, now)
         elif isinstance(entry, NodeRecord):
+            same = nodes.get(entry.node_id)
+            if same is not None and same.epoch == entry.epoch and (
+                    same.capacity_bytes == entry.capacity_bytes):
+                # The same node again (it re-registered with a later master run, or changed
+                # its endpoint): objects recorded before keep their copies on it.
+                same.segment, same.endpoint, same.host_id = (entry.segment, entry.endpoint,
+                                                             entry.host_id)
+                same.ssd_capacity_bytes, same.ssd_policy = (entry.ssd_capacity_bytes,
+                                                            entry.ssd_policy)
+                continue
             nodes[entry.node_id] = Node(
                 entry.node_id, entry.epoch, entry.segment, entry.endpoint, entry.host_id,
                 entry.capacity_bytes, entry.ssd_capacity_bytes, entry.ssd_policy,
