@@ -221,7 +221,8 @@ PairsOpt = Annotated[int | None, typer.Option(
 SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the --pairs sample.",
                                       rich_help_panel=_P)]
 RailOpt = Annotated[bool, typer.Option(
-    "--per-rail", help="Bench NIC i against NIC i where hosts have several NICs.",
+    "--per-rail", help="Bench NIC i against NIC i where hosts have several NICs (both "
+    "ends bound to their rail's address; the agents' rails, see kvctl agent --rail).",
     rich_help_panel=_P)]
 CrossOpt = Annotated[bool, typer.Option(
     "--cross-rail", help="Also NIC i against every NIC j (implies --per-rail).",

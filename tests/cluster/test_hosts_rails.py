@@ -19,7 +19,7 @@ import pytest
 from kvctl.cluster.facts import Netdev, nic_facts, pinned_rails
 from kvctl.cluster.protocol import Rail
 from kvctl.errors import UsageError
-from tests.cluster.nscluster import AGENT, BURST_BYTES, SWEEP, NsCluster, bench_json, doc_line
+from tests.cluster.nscluster import AGENT, BURST_BYTES, DOC, SWEEP, NsCluster, bench_json, doc_line
 from tests.fixtures.hosts import read_json_doc
 from tests.fixtures.nshosts import HostNet, HostsUnavailableError
 
@@ -203,6 +203,14 @@ def test_a_rail_this_host_cannot_have_is_a_usage_error(specs: list[str], says: s
     with pytest.raises(UsageError, match=says) as caught:
         pinned_rails(specs, nic_facts(None, NETDEVS), ["10.0.0.5", "10.1.0.5"])
     assert caught.value.hint
+
+
+
+def test_the_docs_show_the_commands_this_test_runs() -> None:
+    text = DOC.read_text()
+    assert f"{AGENT.split(' --ttl')[0]} --rail eth0 --rail eth1" in text
+    assert ("kvctl cluster bench --metadata etcd://10.0.0.1:2379 --per-rail "
+            + " ".join(SWEEP)) in text
 
 
 def main(argv: list[str] | None = None) -> int:
