@@ -40,6 +40,8 @@ MAX_BATCHES = 10_000_000
 MAX_REQUEST_SAMPLES = 200
 #: Share of ``duration`` spent on single-request latency samples.
 REQUEST_SHARE = 0.15
+#: Single-request latency sampling stops after this many failures in a row.
+MAX_FAILED_SAMPLES = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,6 +317,7 @@ class SweepRunner:
             count = MAX_REQUEST_SAMPLES
             budget_s = (sweep.duration_s or 0.0) * REQUEST_SHARE
         samples: list[float] = []
+        failed = 0  # in a row
         end = time.perf_counter() + budget_s
         for _ in range(count):
             t0 = time.perf_counter()
@@ -322,7 +325,14 @@ class SweepRunner:
                                             1, 0)
             if outcome.errors == 0:
                 samples.append(time.perf_counter() - t0)
-            if time.perf_counter() >= end and len(samples) >= 3:
+                failed = 0
+            else:
+                failed += 1
+            # A target that stopped answering fails every request: the timed batches have
+            # already said so, and trying 200 more times only hides it for minutes.
+            if failed >= MAX_FAILED_SAMPLES:
+                break
+            if time.perf_counter() >= end and (len(samples) >= 3 or failed):
                 break
         return samples
 

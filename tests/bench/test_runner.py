@@ -73,3 +73,23 @@ def test_planted_corruption_is_caught_with_its_offset(transport: str) -> None:
         with pytest.raises(IntegrityError, match="block 2 differs at byte offset 5000"):
             list(runner.rows())
     assert planted
+
+
+def test_latency_sampling_gives_up_on_a_target_that_fails_every_request() -> None:
+    """A dead target used to cost 200 failing single-request batches (minutes with an engine
+    that times each out) before the row could report it."""
+    from kvctl.bench.engines.base import BatchOutcome
+    from kvctl.bench.runner import MAX_FAILED_SAMPLES
+
+    class Dead:
+        calls = 0
+
+        def run_batch(self, *_args: Any) -> BatchOutcome:
+            Dead.calls += 1
+            return BatchOutcome(errors=1)
+
+    sweep = _sweep(duration=30.0, iterations=None)
+    runner = SweepRunner(Dead(), sweep, line_rates=LineRates())  # type: ignore[arg-type]
+    config = sweep.configs()[0]
+    assert runner._request_latencies(config) == []
+    assert Dead.calls == MAX_FAILED_SAMPLES
