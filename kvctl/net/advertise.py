@@ -121,7 +121,7 @@ def advertised_addresses(bound_host: str, port: int, override: Sequence[str] = (
         out = []
         for entry in override:
             host, port_text = _split(entry)
-            if port_text and not port_text.isdigit():
+            if port_text and not (port_text.isascii() and port_text.isdigit()):
                 raise UsageError(f"advertised address {entry!r} has a bad port",
                                  "write HOST or HOST:PORT")
             out.append(join_host_port(host, int(port_text) if port_text else port))

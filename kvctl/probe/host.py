@@ -362,7 +362,7 @@ class _Scan:
             path = self.place(canonical)
             ports: list[IbPort] = []
             for port_name in self.r.listdir(base / "ports") or []:
-                if not port_name.isdigit():
+                if not (port_name.isascii() and port_name.isdigit()):
                     continue
                 ports.append(self.ib_port(base / "ports" / port_name, int(port_name)))
             ports.sort(key=lambda p: p.port)
@@ -372,7 +372,8 @@ class _Scan:
     def ib_port(self, base: PurePosixPath, number: int) -> IbPort:
         rate_text = self.r.read_optional(base / "rate")
         gids: list[GidEntry] = []
-        indexes = sorted(int(n) for n in self.r.listdir(base / "gids") or [] if n.isdigit())
+        indexes = sorted(int(n) for n in self.r.listdir(base / "gids") or []
+                         if n.isascii() and n.isdigit())
         for index in indexes:
             gid = self.r.read_optional(base / "gids" / str(index))
             if gid is None or gid == _ZERO_GID:
@@ -418,7 +419,7 @@ class _Scan:
     def numa_nodes(self) -> list[NumaNode]:
         nodes: list[NumaNode] = []
         for name in self.r.listdir("/sys/devices/system/node") or []:
-            if not (name.startswith("node") and name[4:].isdigit()):
+            if not (name.startswith("node") and name[4:].isascii() and name[4:].isdigit()):
                 continue
             base = PurePosixPath("/sys/devices/system/node") / name
             distance = self.r.read_optional(base / "distance") or ""

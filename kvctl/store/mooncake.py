@@ -238,7 +238,7 @@ def looks_like_coro_rpc(reply: bytes) -> bool:
 
 def _split_master(master: str) -> tuple[str, int]:
     host, _, port = master.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         raise UsageError(f"Mooncake master {master!r} is not HOST:PORT",
                          "give the master's RPC address, e.g. 10.0.0.1:50051")
     return host.strip("[]"), int(port)

@@ -63,3 +63,15 @@ def test_the_cli_says_usage_not_bug(args: list[str], capsys: pytest.CaptureFixtu
     assert "Error: " in err
     assert "Hint: " in err
     assert "this is a bug" not in err
+
+
+@pytest.mark.parametrize("digit", NOT_ASCII)
+@pytest.mark.parametrize("url", ["etcd://127.0.0.1:{d}", "redis://127.0.0.1:6379/{d}",
+                                 "http://127.0.0.1:{d}"])
+def test_metadata_urls_with_a_non_ascii_number_are_usage_errors(kvctl, url: str,
+                                                                digit: str) -> None:
+    result = kvctl("metadata", "ls", "--metadata", url.format(d=digit))
+    assert result.exit_code == 2, result.stderr
+    assert "Error: " in result.stderr
+    assert "Hint: " in result.stderr
+    assert "bug" not in result.stderr

@@ -230,7 +230,7 @@ def split_endpoints(
                 raise UsageError(f"metadata URL {url!r} has no port for {host}",
                                  f"write e.g. {example}")
             port = default_port
-        elif port_text.isdigit() and 0 < int(port_text) <= 65535:
+        elif port_text.isascii() and port_text.isdigit() and 0 < int(port_text) <= 65535:
             port = int(port_text)
         else:
             raise UsageError(f"metadata URL {url!r} has a bad port {port_text!r}",

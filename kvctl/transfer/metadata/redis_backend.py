@@ -367,7 +367,7 @@ def _open(parsed: urllib.parse.SplitResult, url: str, options: MetadataOptions) 
         raise UsageError(f"metadata URL {url!r} names several hosts",
                          "redis:// takes one host: redis://HOST:6379[/DB]")
     db_text = parsed.path.strip("/")
-    if db_text and not db_text.isdigit():
+    if db_text and not (db_text.isascii() and db_text.isdigit()):
         raise UsageError(f"metadata URL {url!r} has a bad database number {db_text!r}",
                          "write redis://HOST:6379/0 (a number) or leave it out")
     host, port = endpoints[0]
