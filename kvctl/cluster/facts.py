@@ -136,7 +136,8 @@ def pinned_rails(specs: Sequence[str], nics: Sequence[NicFact],
     """The rails ``kvctl agent --rail`` names, numbered in the order given.
 
     Each spec is ``NAME=ADDRESS`` (rail ``NAME`` at ``ADDRESS``, an address of this host) or
-    ``NAME`` (a NIC or interface of this host, at its first IPv4 address).
+    ``NAME`` (a NIC or interface of this host, at its first IPv4 address). A pinned NIC that
+    is down stays a rail (its pairs fail) rather than renumbering the rails after it.
 
     Raises:
         UsageError: an empty name, an address this host does not have, a NIC it does not
@@ -269,7 +270,8 @@ def collect_facts(*, hostname: str | None = None, toward: str | None = None,
         hostname=name, agent_id=uuid.uuid4().hex[:12], version=__version__, pid=os.getpid(),
         started_at=now(), address=address, addresses=list(dict.fromkeys(addresses)),
         gpus=gpus, nics=nics, doctor=doctor_summary(topology),
-        rails=pinned_rails(rails, nics, addresses) if rails else rails_of(nics),
+        rails=(pinned_rails(rails, nics, [a for d in netdevs for a in d.addresses])
+               if rails else rails_of(nics)),
         transports=transports_of(topology), engines=src.engines(), jobs=list(jobs),
         lease_ttl_s=lease_ttl_s, poll_s=poll_s, metrics=metrics)
     return record, topology

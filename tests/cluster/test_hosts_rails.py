@@ -9,6 +9,7 @@ shared CPUs'. One scenario (its steps below, in order): the cluster is set up on
 
 from __future__ import annotations
 
+import functools
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from kvctl.cluster.facts import Netdev, nic_facts, pinned_rails
-from kvctl.cluster.protocol import Rail
+from kvctl.cluster.facts import FactSources, Netdev, collect_facts, nic_facts, pinned_rails
+from kvctl.cluster.jobs import run_bench, serve_target
+from kvctl.cluster.protocol import BenchParams, HostRecord, Rail, SweepParams, TargetParams
 from kvctl.errors import UsageError
 from tests.cluster.nscluster import AGENT, BURST_BYTES, DOC, SWEEP, NsCluster, bench_json, doc_line
 from tests.fixtures.hosts import read_json_doc
@@ -204,6 +206,58 @@ def test_a_rail_this_host_cannot_have_is_a_usage_error(specs: list[str], says: s
         pinned_rails(specs, nic_facts(None, NETDEVS), ["10.0.0.5", "10.1.0.5"])
     assert caught.value.hint
 
+
+
+
+def test_a_pinned_nic_that_is_down_stays_a_rail_and_the_default_skips_it() -> None:
+    netdevs = [Netdev("eth0", True, 0, ("10.0.0.5",)), Netdev("eth1", False, 0, ("10.1.0.5",)),
+               Netdev("eth2", True, 0, ("10.2.0.5",))]
+    sources = FactSources(topology=lambda: None, netdevs=lambda: netdevs,
+                          engines=list, route=lambda _host: "10.0.0.5")
+
+    def rails(specs: list[str]) -> list[Rail]:
+        record, _ = collect_facts(hostname="h1", toward="10.0.0.1", rails=specs,
+                                  sources=sources)
+        return record.rails
+
+    # by default eth1 (down) is left out and eth2 becomes rail 1: --rail keeps the order
+    assert [r.nic for r in rails([])] == ["eth0", "eth2"]
+    assert rails(["eth0", "eth1", "eth2"]) == [
+        Rail(0, "eth0", "10.0.0.5"), Rail(1, "eth1", "10.1.0.5"), Rail(2, "eth2", "10.2.0.5")]
+    assert rails(["a=10.0.0.5", "b=10.1.0.5"])[1] == Rail(1, "b", "10.1.0.5")
+
+
+
+class _Ctx:
+    """As much of a job's context as the bench and target handlers read before starting."""
+
+    def __init__(self, host: HostRecord, params: object) -> None:
+        self.host, self._params, self.token = host, params, None
+
+    def params(self, _cls: type) -> object:
+        return self._params
+
+
+@pytest.mark.parametrize("job", ["bench", "target"])
+def test_a_job_binding_to_an_address_that_is_not_the_hosts_is_refused(job: str) -> None:
+    netdevs = [Netdev("eth0", True, 0, ("10.0.0.5",)), Netdev("eth1", True, 0, ("10.1.0.5",))]
+    host, _ = collect_facts(hostname="h1", toward="10.0.0.1", sources=FactSources(
+        topology=lambda: None, netdevs=lambda: netdevs, engines=list,
+        route=lambda _host: "10.0.0.5"))
+    sweep = SweepParams(ops=["read"], transports=["tcp"], block_sizes_bytes=[4096],
+                        batch_sizes=[1], duration_s=None, iterations=1, warmup=0,
+                        verify=True, threads=1, local_location="cpu:0",
+                        remote_location="cpu:0")
+    bench = BenchParams(peer="10.1.0.6:7000", sweep=sweep, engines=["kvctl"],
+                        local_address="10.9.0.5")
+    target = TargetParams(region_bytes=4096, engines=["kvctl"], transports=["tcp"],
+                          address="10.9.0.5")
+    ctx: Any = _Ctx(host, bench if job == "bench" else target)
+    handler = (functools.partial(run_bench, topology=None) if job == "bench"
+               else serve_target)
+    with pytest.raises(UsageError, match=r"10\.9\.0\.5 is not an address of h1") as caught:
+        handler(ctx, max_region_bytes=1 << 20)
+    assert "10.0.0.5, 10.1.0.5" in (caught.value.hint or "")
 
 
 def test_the_docs_show_the_commands_this_test_runs() -> None:
