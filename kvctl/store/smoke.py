@@ -26,6 +26,7 @@ from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.node import StorageNode
 from kvctl.store.server import MasterServer
+from kvctl.wording import plural
 
 if TYPE_CHECKING:
     from kvctl.store.mooncake import MooncakeStore
@@ -700,7 +701,7 @@ class _MooncakeSmoke:
         segments = tuple(
             SegmentTouch((before.segment_for_endpoint(ep) if before else None) or ep, ep, n)
             for ep, n in sorted(touched.items()))
-        where = ", ".join(f"{s.name} ({s.objects} objects)" for s in segments) or "none"
+        where = ", ".join(f"{s.name} ({plural(s.objects, 'object')})" for s in segments) or "none"
         if problems:
             self._row("cleanup", "fail", "; ".join(problems) + f"; segments: {where}", t0)
         else:
