@@ -150,6 +150,9 @@ class Diagnosis:
         unexplained: slow pairs no culprit accounts for.
         unmeasured: pairs without a value.
         note: why the verdict is weak, if it is (too few pairs, noisy numbers).
+        unreachable: hosts or NICs that no pair reached (every one of their pairs, and at
+            least ``min_slow_pairs`` of them, failed while other pairs were measured); a
+            NIC is named instead of its host when the host's other NICs were measured.
     """
 
     pairs: int
@@ -163,6 +166,7 @@ class Diagnosis:
     unexplained: tuple[SlowPair, ...]
     unmeasured: tuple[PairValue, ...]
     note: str | None = None
+    unreachable: tuple[Endpoint, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -185,6 +189,8 @@ class Diagnosis:
             head += "; no host or NIC is common to most of them"
         if self.unexplained and self.culprits:
             head += f"; {len(self.unexplained)} slow pair(s) unexplained"
+        if self.unreachable:
+            head += "; no pair reached " + ", ".join(e.label() for e in self.unreachable)
         return head
 
 
@@ -258,7 +264,22 @@ def diagnose(values: Iterable[PairValue], *, slow_fraction: float = DEFAULT_SLOW
         pairs=len(pairs), measured=len(measured), median_gbps=median, mad_gbps=mad,
         threshold_gbps=threshold, slow_fraction=slow_fraction,
         slow=tuple(sorted(slow.values(), key=lambda s: (s.gbps, s.a, s.b))),
-        culprits=tuple(culprits), unexplained=unexplained, unmeasured=unmeasured, note=note)
+        culprits=tuple(culprits), unexplained=unexplained, unmeasured=unmeasured, note=note,
+        unreachable=_unreachable(pairs, min_pairs=min_slow_pairs))
+
+
+def _unreachable(pairs: list[PairValue], *, min_pairs: int) -> tuple[Endpoint, ...]:
+    """Subjects all of whose pairs (at least ``min_pairs``) failed: a dead link or NIC is
+    the slowest of all, but it has no value to be slow with. Only called with some pair
+    measured, so "everything failed" names nobody."""
+    by_subject: dict[Endpoint, list[PairValue]] = {}
+    for p in pairs:
+        for subject in _subjects(p):
+            by_subject.setdefault(subject, []).append(p)
+    dead = {s for s, own in by_subject.items()
+            if len(own) >= min_pairs and all(p.gbps is None for p in own)}
+    # A host whose pairs all failed is named as the host, not NIC by NIC.
+    return tuple(sorted(s for s in dead if s.nic is None or s.host_only not in dead))
 
 
 def _explained_keys(culprit: Culprit, slow: dict[tuple[Endpoint, Endpoint], SlowPair]

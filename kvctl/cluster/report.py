@@ -110,7 +110,8 @@ def diagnosis_payload(d: Diagnosis, report: ClusterBenchReport) -> dict[str, Any
             "slow_fraction": d.slow_fraction,
             "measured": d.measured, "slow": [pair(s) for s in d.slow],
             "culprits": [culprit_payload(c, report) for c in d.culprits],
-            "unexplained": [pair(s) for s in d.unexplained], "note": d.note}
+            "unexplained": [pair(s) for s in d.unexplained], "note": d.note,
+            "unreachable": [e.label() for e in d.unreachable]}
 
 
 def outcome_payload(o: PairOutcome) -> dict[str, Any]:

@@ -419,6 +419,8 @@ def _bench_verdict(report: ClusterBenchReport) -> None:
         parts.append("likely culprit " + ", ".join(c.subject.label() for c in d.culprits))
     if d.slow:
         parts.append(f"{len(d.slow)} slow pair(s)")
+    if d.unreachable:
+        parts.append("no pair reached " + ", ".join(e.label() for e in d.unreachable))
     if report.missing:
         parts.append("missing " + ", ".join(m.host for m in report.missing))
     if report.failed:

@@ -204,3 +204,35 @@ def test_nothing_measured_and_bad_arguments() -> None:
         diagnose([], slow_fraction=1.5)
     with pytest.raises(ValueError, match="bad value"):
         diagnose([PairValue(Endpoint("a"), Endpoint("b"), -1.0)])
+
+
+def _rails(hosts: list[str], dead: set[Endpoint]) -> list[PairValue]:
+    pairs = []
+    for a, b in itertools.combinations(hosts, 2):
+        for rail in ("nic0", "nic1"):
+            ends = (Endpoint(a, rail), Endpoint(b, rail))
+            lost = any(e in dead or e.host_only in dead for e in ends)
+            pairs.append(PairValue(*ends, None if lost else 1.0))
+    return pairs
+
+
+@pytest.mark.parametrize("n", [3, 4, 6])
+def test_a_nic_no_pair_reached_is_named_not_its_host(n: int) -> None:
+    """A dead rail has no value to be slow with: it used to be named by nobody."""
+    hosts = _hosts(n)
+    result = diagnose(_rails(hosts, {Endpoint("h2", "nic1")}))
+    assert result.unreachable == (Endpoint("h2", "nic1"),)
+    assert not result.culprits
+    assert "no pair reached h2/nic1" in result.summary()
+
+
+def test_a_host_no_pair_reached_is_named_as_the_host() -> None:
+    result = diagnose(_rails(_hosts(5), {Endpoint("h4")}))
+    assert result.unreachable == (Endpoint("h4"),)
+
+
+def test_scattered_failures_and_total_failure_name_nobody_unreachable() -> None:
+    pairs = _matrix(_hosts(6), 1.0, [0.0])
+    scattered = [PairValue(p.a, p.b, None) if i % 4 == 0 else p for i, p in enumerate(pairs)]
+    assert diagnose(scattered).unreachable == ()
+    assert diagnose([PairValue(p.a, p.b, None) for p in pairs]).unreachable == ()
