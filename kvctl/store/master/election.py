@@ -198,8 +198,8 @@ class Election:
                 unreachable = False
             except MetadataError as exc:
                 if not unreachable:
-                    _log.warning("store master: cannot reach %s to campaign (%s); retrying",
-                                 self.url, exc.cause)
+                    _log.warning("store master: campaigning through %s failed (%s); "
+                                 "retrying", self.url, exc.cause)
                 unreachable = True
             stop.wait(self.poll_s)
         return False
