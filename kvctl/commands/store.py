@@ -19,11 +19,21 @@ from kvctl.errors import CheckFailedError, UsageError
 from kvctl.output import Output
 from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
-from kvctl.store.embedded import EmbeddedStore, resolve_master, start_master, start_node
+from kvctl.store.embedded import (
+    EmbeddedStore,
+    metrics_url,
+    resolve_master,
+    start_master,
+    start_node,
+)
+from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.server import MasterServer
 from kvctl.store.settings import StoreSettings
 from kvctl.store.smoke import SmokeReport, run_kvctl, run_mooncake
+from kvctl.store.standby import run_elected
+from kvctl.store.state import elects_leader
 from kvctl.units import format_size
+from kvctl.wording import plural
 
 app = typer.Typer(help="The embedded KV store: serve it, put/get objects, validate it.\n\n"
                   "Example: kvctl store serve & kvctl store smoke",
@@ -69,6 +79,28 @@ TenantOpt = Annotated[list[str] | None, typer.Option(
     "nodes').")]
 
 
+SharedTierOpt = Annotated[Path | None, typer.Option(
+    "--shared-tier", show_default=False,
+    help="Shared tier: a directory on a distributed file system (3FS, NFS, CephFS) every "
+    "node and client mounts; DRAM evictions go there and any host reads them (off when "
+    "not given).")]
+SharedPolicyOpt = Annotated[str | None, typer.Option(
+    "--shared-tier-policy", show_default=False,
+    help="write-back (on DRAM eviction) or write-through (also soon after each put, off "
+    "the put's path) (default: write-back).")]
+SharedCapacityOpt = Annotated[str | None, typer.Option(
+    "--shared-tier-capacity", show_default=False,
+    help="Most bytes of files in the shared tier, e.g. 10TiB (default: 1 TiB); least "
+    "recently used evicted past it.")]
+SharedFilesOpt = Annotated[int | None, typer.Option(
+    "--shared-tier-files", show_default=False,
+    help="Most files in the shared tier (default: 10,000,000).")]
+SharedMapOpt = Annotated[str | None, typer.Option(
+    "--shared-tier-map", show_default=False,
+    help="Where this host mounts the master's shared tier when not at the master's path: "
+    "MASTER_DIR=LOCAL_DIR (comma-separated).")]
+
+
 def _warn_inline_tokens(out: Output, tenants: list[str] | None) -> None:
     """A token in argv is readable by every local user (/proc/PID/cmdline): say so."""
     from kvctl.store.tenants import inline_tenant_tokens
@@ -81,12 +113,6 @@ def _warn_inline_tokens(out: Output, tenants: list[str] | None) -> None:
 MetricsPortOpt = Annotated[int | None, typer.Option(
     "--metrics-port", show_default=False,
     help="Serve Prometheus metrics on this port of the listen host (0 = any free).")]
-
-
-def _metrics_url(server: MasterServer) -> str | None:
-    if server.metrics_port is None:
-        return None
-    return f"http://{server.host}:{server.metrics_port}/metrics"
 
 
 def _client(ctx: typer.Context, master: str | None, **flags: Any) -> StoreClient:
@@ -139,16 +165,16 @@ def serve(
                    "ssd_policy": store.node.ssd_policy, "state": settings.state,
                    "auth": common.token is not None,
                    "tenants": [t.name for t in store.server.tenants],
-                   "metrics": _metrics_url(store.server)}
+                   "metrics": metrics_url(store.server)}
         if json_:
             out.emit_json("store.serve", payload)
         else:
-            out.print(Text(store.address))
+            # A sentence, not a bare address: scripts read --json's store.serve document.
             ssd_text = f"SSD {store.node.ssd_policy} in {store.node.ssd.directory}" if (
                 store.node.ssd) else "no SSD tier"
-            out.info(f"store up: master {store.address}, node {store.node.node_id} with "
-                     f"{format_size(store.node.capacity_bytes)} DRAM, {ssd_text}; "
-                     "Ctrl-C stops it")
+            out.print(Text(f"store up: master {store.address}, node {store.node.node_id} with "
+                           f"{format_size(store.node.capacity_bytes)} DRAM, {ssd_text}; "
+                           "Ctrl-C stops it"))
             if payload["metrics"]:
                 out.info(f"metrics on {payload['metrics']}")
         wait_until(stop)
@@ -162,6 +188,15 @@ def master(
     state: StateOpt = None,
     metrics_port: MetricsPortOpt = None,
     tenant: TenantOpt = None,
+    shared_tier: SharedTierOpt = None,
+    shared_tier_policy: SharedPolicyOpt = None,
+    shared_tier_capacity: SharedCapacityOpt = None,
+    shared_tier_files: SharedFilesOpt = None,
+    node_grace: Annotated[str | None, typer.Option(
+        "--node-grace", show_default=False,
+        help="Heartbeat silence after which a suspect node is dropped with its objects' "
+        "copies, e.g. 60s or 10m (default: 60 s; 'kvctl store node rm' drops one now).")
+    ] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a store master alone (nodes join with 'kvctl store node --master HOST:PORT').
@@ -169,30 +204,64 @@ def master(
     Tenants: --tenant NAME=@FILE (repeatable; FILE holds the token) confines a client with
     that token to keys under NAME/ (KVCTL_TOKEN stays the admins' and nodes').
 
+    With --state etcd://..., masters started on several hosts elect one leader; the others
+    stand by (refusing connections) and take over once its lease (store.ha_ttl, 5 s)
+    expires. The address card is printed once this master leads.
+
+    A node silent past the node timeout (3 s) is suspect: no new placements, reads go to
+    other replicas, its objects are kept; past --node-grace it is dropped.
+
+    Shared tier: --shared-tier DIR (a distributed file system every node and client
+    mounts) keeps evicted objects as files any host reads directly; they outlive their
+    node. See docs/store.md, "Shared tier".
+
     Example: kvctl store master --listen 127.0.0.1:50051 --state /var/lib/kvctl/master
+    Example: kvctl store master --state /var/lib/kvctl/master --shared-tier /mnt/3fs/kvctl
     """
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, listen=listen, state=state,
-                             metrics_port=metrics_port, tenants=tenant or None)
+                             metrics_port=metrics_port, tenants=tenant or None,
+                             node_grace=node_grace, shared_tier=shared_tier,
+                             shared_tier_policy=shared_tier_policy,
+                             shared_tier_capacity=shared_tier_capacity,
+                             shared_tier_files=shared_tier_files)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     _warn_inline_tokens(out, tenant)
-    with stop_on_signal() as stop, start_master(settings, token=common.token,
-                                                cluster_id=common.cluster_id) as server:
+
+    def announce(server: MasterServer, term: int | None = None) -> None:
         if json_:
             out.emit_json("store.master", {"master": server.address, "state": settings.state,
                                            "auth": common.token is not None,
                                            "tenants": [t.name for t in server.tenants],
-                                           "metrics": _metrics_url(server)})
+                                           "metrics": metrics_url(server), "term": term})
         else:
-            out.print(Text(server.address))
-            out.info(f"store master up on {server.address} (state: "
-                     f"{server.core.state.description}); Ctrl-C stops it")
+            led = f", leader of term {term}" if term is not None else ""
+            out.print(Text(f"store master up on {server.address} (state: "
+                           f"{server.core.state.description}{led}); Ctrl-C stops it"))
+
+    if elects_leader(settings.state):
+        with stop_on_signal() as stop:
+            deposed = run_elected(settings, token=common.token, cluster_id=common.cluster_id,
+                                  stop=stop, on_leading=announce)
+        if deposed is not None:
+            raise StoreUnavailableError(
+                f"store master deposed: {deposed}; it stopped serving",
+                "another master leads now; start this one again to stand by")
+        out.info("store master stopped")
+        return
+    with stop_on_signal() as stop, start_master(settings, token=common.token,
+                                                cluster_id=common.cluster_id) as server:
+        announce(server)
         wait_until(stop)
     out.info("store master stopped")
 
 
-@app.command()
+node_app = typer.Typer()  # its help is the node command's (the callback below)
+app.add_typer(node_app, name="node")
+
+
+@node_app.callback(invoke_without_command=True)
 def node(
     ctx: typer.Context,
     master: MasterOpt = None,
@@ -209,19 +278,28 @@ def node(
         "--advertise", show_default=False,
         help="HOST clients reach the data path at (default: the listen address; the "
         "interface addresses for 0.0.0.0).")] = None,
+    shared_tier_map: SharedMapOpt = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", show_default=False,
+        help="Serve the node's Prometheus metrics on this port of its data-path host "
+        "(loopback only with a token; 0 = any free).")] = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a storage node for a master until SIGINT/SIGTERM.
 
     A node whose master is on another host listens on the address that reaches the master,
-    and tells the master that address (never loopback).
+    and tells the master that address (never loopback). 'kvctl store node rm NAME' drops a
+    node from the master.
 
     Example: kvctl store node --master 10.0.0.5:50051 --capacity 4GiB --ssd /mnt/nvme/kv
     """
+    if ctx.invoked_subcommand is not None:
+        return  # a subcommand (rm): this is not a node to run
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, master=master, capacity=capacity, ssd=ssd,
                              ssd_policy=ssd_policy, node_id=node_id, node_listen=node_listen,
-                             advertise=advertise)
+                             advertise=advertise, metrics_port=metrics_port,
+                             shared_tier_map=shared_tier_map)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     address = resolve_master(settings)
@@ -231,13 +309,40 @@ def node(
             out.emit_json("store.node", {"master": address, "node_id": running.node_id,
                                          "endpoint": running.endpoint,
                                          "capacity_bytes": running.capacity_bytes,
-                                         "ssd_policy": running.ssd_policy})
+                                         "ssd_policy": running.ssd_policy,
+                                         "metrics_port": running.metrics_port})
         else:
-            out.print(Text(running.node_id))
-            out.info(f"node {running.node_id} serving {format_size(running.capacity_bytes)} "
-                     f"at {running.endpoint} for master {address}; Ctrl-C stops it")
+            out.print(Text(f"node {running.node_id} serving "
+                           f"{format_size(running.capacity_bytes)} at {running.endpoint} for "
+                           f"master {address}; Ctrl-C stops it"))
         wait_until(stop)
     out.info("store node stopped")
+
+
+@node_app.command("rm")
+def node_rm(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Node id, as 'kvctl store status' shows it.")],
+    master: MasterOpt = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Drop a storage node from the master now, with its objects' copies on it (as when a
+    suspect node's grace ends). Objects with no copy left are lost; a node still running
+    registers again with new memory. Needs the shared token (not a tenant's).
+
+    Example: kvctl store node rm n3 --master 10.0.0.5:50051
+    """
+    with _client(ctx, master) as client:
+        before = {n.node_id: n for n in client.status().nodes}
+        client.drop_node(name)
+    out = global_options(ctx).output(json_mode=json_)
+    objects = before[name].objects if name in before else 0
+    if json_:
+        out.emit_json("store.node.rm", {"node_id": name, "dropped": True,
+                                        "objects_with_a_copy": objects})
+    else:
+        out.info(f"node {name} dropped ({objects} object(s) had a copy on it; see "
+                 "'kvctl store status' for what was lost)")
 
 
 # ---------------------------------------------------------------- objects
@@ -385,7 +490,7 @@ def ls(
     if not objects:
         out.info(f"no objects under {prefix!r}")
         return
-    table = Table(title=f"{len(objects)} objects under {prefix!r}"
+    table = Table(title=f"{plural(len(objects), 'object')} under {prefix!r}"
                   + (" (truncated)" if truncated else ""), title_justify="left")
     for col in ("key", "size", "tier", "replicas"):
         table.add_column(col, justify="right" if col == "size" else "left")
@@ -458,8 +563,11 @@ def status(
     metrics: MooncakeMetricsOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Show nodes, capacity, usage, evictions and objects per tier, and each node's SSD
-    state (ok, full: offload paused while DRAM keeps serving, or off).
+    """Show nodes, capacity, usage, evictions and objects per tier, each node's state
+    (alive; suspect: silent past the node timeout, objects kept; restored: from the
+    master's state, not registered again yet; dropped, lately, with why) and when it was
+    last seen, and its SSD state (ok, full: offload paused while DRAM keeps serving, or
+    off).
 
     With --backend mooncake: the mooncake_master's health, mounted segments, capacity and
     usage, read from its HTTP endpoint (--metrics).
@@ -480,27 +588,58 @@ def status(
         return
     reserved = (f" ({format_size(st.reserved_bytes)} of it reserved by clients for puts)"
                 if st.reserved_bytes else "")
-    out.print(f"master {address}: {st.objects} objects, {format_size(st.used_bytes)} of "
-              f"{format_size(st.capacity_bytes)} DRAM used{reserved}, {st.evictions} evictions "
+    out.print(f"master {address}: {plural(st.objects, 'object')}, "
+              f"{format_size(st.used_bytes)} of {format_size(st.capacity_bytes)} DRAM "
+              f"used{reserved}, {plural(st.evictions, 'eviction')} "
               f"({st.ssd_evictions} from SSD), {st.lost} lost; tiers "
               + ", ".join(f"{k} {v}" for k, v in st.tiers.items()) + f"; state {st.state}")
     table = Table(title="nodes", title_justify="left")
-    for col in ("node", "alive", "DRAM used", "objects", "SSD", "SSD used", "SSD state",
-                "endpoint", "heartbeat"):
+    for col in ("node", "state", "DRAM used", "objects", "SSD", "SSD used", "SSD state",
+                "endpoint", "last seen"):
         table.add_column(col)
     for n in st.nodes:
-        table.add_row(Text(n.node_id), "yes" if n.alive else "no",
+        state = n.state or ("alive" if n.alive else "down")
+        table.add_row(Text(n.node_id), Text(state, style="" if state == "alive" else
+                                            "bold red" if state == "dropped" else "yellow"),
                       f"{format_size(n.used_bytes)} / {format_size(n.capacity_bytes)}",
                       str(n.objects), n.ssd_policy,
                       f"{format_size(n.ssd_used_bytes)} / {format_size(n.ssd_capacity_bytes)}"
                       if n.ssd_policy != "off" else "-",
                       Text(n.ssd_state, style="bold red" if n.ssd_state == "full" else ""),
                       n.endpoint, f"{n.last_heartbeat_s:.1f} s ago")
+    for n in st.dropped:
+        table.add_row(Text(n.node_id), Text("dropped", style="bold red"), "-", "-", "-", "-",
+                      "-", Text(n.dropped_why), f"{n.last_heartbeat_s:.1f} s ago")
     out.print(table)
     for n in st.nodes:
+        if n.state == "suspect":
+            out.print(Text(f"node {n.node_id}: suspect (silent {n.last_heartbeat_s:.1f} s): "
+                           "no new placements, reads go to other replicas, its objects are "
+                           "kept until its grace ends ('kvctl store node rm "
+                           f"{n.node_id}' drops it now)", style="yellow"))
         if n.ssd_state == "full":
             out.print(Text(f"node {n.node_id}: SSD tier full, offload paused, DRAM serving: "
                            f"{n.ssd_error}", style="yellow"))
+    if st.shared is not None:
+        _print_shared(out, st.shared)
+
+
+def _print_shared(out: Output, sh: p.SharedTierStatus) -> None:
+    """The shared tier's line of 'store status' (and its errors, when there were any)."""
+    fs = (f"; file system {format_size(sh.fs_free_bytes)} free of "
+          f"{format_size(sh.fs_total_bytes)}" if sh.fs_total_bytes >= 0 else "")
+    out.print(Text(f"shared tier {sh.root} ({sh.policy}, {sh.state}): "
+                   f"{format_size(sh.used_bytes)} of {format_size(sh.capacity_bytes)} in "
+                   f"{sh.files} of {sh.max_files} files, {sh.writes} written "
+                   f"({sh.write_errors} failed), {sh.evictions} evicted, {sh.purged} purged, "
+                   f"purge backlog {sh.purge_backlog}{fs}",
+                   style="bold red" if sh.state == "full" else ""))
+    failed = {k: v for k, v in sh.errors.items() if v}
+    if failed:
+        out.print(Text("shared tier errors: " + ", ".join(f"{k} {v}" for k, v in
+                                                          failed.items())
+                       + (f"; last: {sh.last_error}" if sh.last_error else ""),
+                       style="yellow"))
 
 
 def _mooncake_status(ctx: typer.Context, master: str | None, metrics: str | None,
@@ -526,8 +665,8 @@ def _mooncake_status(ctx: typer.Context, master: str | None, metrics: str | None
         return
     healthy = st.health == "ok" and st.service_ready
     out.print(Text(f"mooncake_master {address}: {st.health} ({st.role}, {st.ha_state}); "
-                   f"{len(st.segments)} segments, {format_size(st.used_bytes)} of "
-                   f"{format_size(st.capacity_bytes)} used, {st.keys} keys, {st.clients} "
+                   f"{plural(len(st.segments), 'segment')}, {format_size(st.used_bytes)} of "
+                   f"{format_size(st.capacity_bytes)} used, {plural(st.keys, 'key')}, {st.clients} "
                    f"clients (from {st.metrics_url})",
                    style="" if healthy else "bold red"))
     table = Table(title="segments", title_justify="left")
@@ -659,7 +798,8 @@ def smoke(
     """Validate a store end to end; exits 1 naming each failed check.
 
     Checks: sizes 4 KiB to 16 MiB, batches, concurrent clients, exists/remove, replica
-    failover, eviction under pressure, SSD round trip; contents verified byte for byte.
+    failover, eviction under pressure, SSD round trip, shared tier (the node that wrote an
+    object is killed, a new client reads it); contents verified byte for byte.
 
     Without --master it starts its own store (kvctl: master + 2 nodes, one with SSD;
     mooncake: a mooncake_master and a storage process on loopback).
@@ -675,7 +815,7 @@ def smoke(
     settings = opts.settings(StoreSettings, master=master)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
-    with out.progress("store smoke", total=11 if backend == "mooncake" else 8) as bar:
+    with out.progress("store smoke", total=11 if backend == "mooncake" else 9) as bar:
         def step(name: str) -> None:
             bar.update(bar.task_ids[0], advance=1, description=f"store smoke: {name}")
             out.debug(f"check {name}")

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvctl.errors import UsageError
 from kvctl.fsafe import UnsafePathError, create_private, private_dir
@@ -25,6 +26,9 @@ from kvctl.store.settings import DEFAULT_MASTER, DEFAULT_PORT, StoreSettings
 from kvctl.store.state import open_state
 from kvctl.store.tenants import check_admin_token, parse_tenants
 from kvctl.transfer.admin import pid_alive
+
+if TYPE_CHECKING:
+    from kvctl.metrics import ServerMetrics
 
 _log = logging.getLogger("kvctl.store")
 
@@ -156,14 +160,40 @@ def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str 
     return server
 
 
-def start_node(settings: StoreSettings, master: str, *, token: str | None) -> StorageNode:
-    """A storage node for ``master`` with the configured capacity and SSD tier."""
+def start_node(settings: StoreSettings, master: str, *, token: str | None,
+               share: ServerMetrics | None = None) -> StorageNode:
+    """A storage node for ``master`` with the configured capacity and SSD tier; with
+    ``settings.metrics_port``, its metrics served on that port of its data path's host
+    (loopback only with a token), or through ``share``'s endpoint (sets
+    ``node.metrics_port`` to the port they are on)."""
     capacity = settings.capacity or default_capacity_bytes()
-    return StorageNode(master, node_id=settings.node_id or None, capacity_bytes=capacity,
+    metrics = None
+    if settings.metrics_port is not None:
+        from kvctl.store.metrics import node_metrics
+
+        metrics = node_metrics(share=share)
+    node = StorageNode(master, node_id=settings.node_id or None, capacity_bytes=capacity,
                        ssd_dir=settings.ssd, ssd_capacity_bytes=settings.ssd_capacity,
                        ssd_policy=settings.ssd_policy, listen=settings.node_listen or None,
                        token=token, heartbeat_s=min(0.5, settings.node_timeout / 4),
-                       advertise=[a.strip() for a in settings.advertise.split(",") if a.strip()])
+                       advertise=[a.strip() for a in settings.advertise.split(",") if a.strip()],
+                       metrics=metrics)
+    from kvctl.store.sharedtier.config import parse_map
+
+    node.shared.path_map = parse_map(settings.shared_tier_map)
+    if metrics is not None and settings.metrics_port is not None:
+        from kvctl.net.advertise import host_of
+        from kvctl.store.metrics import watch_node
+
+        watch_node(metrics, node)
+        if share is None:
+            try:
+                node.metrics_port = metrics.serve_for(host_of(node.engine.address or ""),
+                                                      settings.metrics_port, token=token)[1]
+            except BaseException:
+                node.close()
+                raise
+    return node
 
 
 class EmbeddedStore:
@@ -179,7 +209,8 @@ class EmbeddedStore:
                  write_discovery: bool = False) -> None:
         self.server = start_master(settings, token=token)
         try:
-            self.node = start_node(settings, self.server.address, token=token)
+            self.node = start_node(settings, self.server.address, token=token,
+                                   share=self.server.metrics)
         except BaseException:
             self.server.close()
             raise
