@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -80,6 +81,36 @@ def test_smoke_says_why_a_large_store_skips_eviction(kvctl: Kvctl,
     assert eviction["detail"].startswith("filling a 256 MiB store past eviction takes writing "
                                          "384 MiB, over this check's 256 MiB budget")
     assert "at most 170 MiB" in eviction["detail"]
+
+
+def test_store_ls_counts_one_object(kvctl: Kvctl, store_256mib: EmbeddedStore,
+                                    tmp_path: Path) -> None:
+    (tmp_path / "v").write_bytes(b"x")
+    master = store_256mib.address
+    assert kvctl("store", "put", "k1", str(tmp_path / "v"), "--master", master).exit_code == 0
+    r = kvctl("store", "ls", "--master", master)
+    assert r.exit_code == 0, r.stderr
+    assert "1 object under" in r.stdout
+    r = kvctl("store", "status", "--master", master)
+    assert "1 object," in r.stdout
+    assert "1 objects" not in r.stdout
+
+
+@pytest.mark.integration
+def test_store_serve_first_line_is_a_sentence(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVCTL_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvctl", "store", "serve", "--listen", "127.0.0.1:0",
+         "--capacity", "8MiB"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**env, "XDG_RUNTIME_DIR": str(tmp_path), "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    assert first.startswith("store up: master 127.0.0.1:"), (first, err)
+    assert "8 MiB DRAM, no SSD tier; Ctrl-C stops it" in first
 
 
 @pytest.mark.parametrize("argv", [["verify-keys", "profiles", "--json"],
