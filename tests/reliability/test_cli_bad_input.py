@@ -146,11 +146,19 @@ TABLE: dict[tuple[str, ...], list[tuple[str, list[str], int]]] = {
         ("port-out-of-range", ["store", "master", "--listen", "h:99999"], 2),
         ("unknown-state-scheme", ["store", "master", "--listen", "127.0.0.1:0", "--state",
                                   "weird://x"], 2),
+        ("grace-below-timeout", ["store", "master", "--listen", "127.0.0.1:0",
+                                 "--node-grace", "1s"], 2),
+        ("bad-grace-unit", ["store", "master", "--node-grace", "soon"], 2),
     ],
     ("store", "node"): [
         ("unknown-unit", ["store", "node", "--capacity", "12 parsecs"], 2),
         ("bad-master", ["store", "node", "--master", "h:zz"], 2),
         ("unavailable-master-down", ["store", "node", "-m", DEAD, "--capacity", "1MiB"], 3),
+    ],
+    ("store", "node", "rm"): [
+        ("bad-master", ["store", "node", "rm", "n1", "-m", "h:zz"], 2),
+        ("unavailable-master-down", ["store", "node", "rm", "n1", "-m", DEAD], 3),
+        ("missing-name", ["store", "node", "rm"], 2),
     ],
     ("store", "put"): [
         ("missing-file", ["store", "put", "k", "{missing}", "-m", DEAD], 2),
@@ -226,6 +234,7 @@ REQUIRED: dict[tuple[str, ...], list[str]] = {
     ("verify-keys", "compare"): ["{good_manifest}"], ("segment", "register"): ["x"],
     ("segment", "show"): ["x"], ("segment", "rm"): ["x"], ("store", "put"): ["k", "{missing}"],
     ("store", "get"): ["k"], ("store", "stat"): ["k"], ("store", "rm"): ["k"],
+    ("store", "node", "rm"): ["n1"],
 }
 
 
