@@ -126,6 +126,12 @@ class Output:
         if not self.json_mode:
             self.console.print(*renderables)
 
+    def line(self, text: Any) -> None:
+        """One line for people that is never wrapped or cut, whatever the terminal's width
+        (a server's first line: people copy the address out of it)."""
+        if not self.json_mode:
+            self.console.print(text, soft_wrap=True)
+
     def info(self, message: str) -> None:
         """A status line on stderr, hidden by ``--quiet`` and in JSON mode."""
         if not self.quiet and not self.json_mode:

@@ -172,7 +172,7 @@ def serve(
             # A sentence, not a bare address: scripts read --json's store.serve document.
             ssd_text = f"SSD {store.node.ssd_policy} in {store.node.ssd.directory}" if (
                 store.node.ssd) else "no SSD tier"
-            out.print(Text(f"store up: master {store.address}, node {store.node.node_id} with "
+            out.line(Text(f"store up: master {store.address}, node {store.node.node_id} with "
                            f"{format_size(store.node.capacity_bytes)} DRAM, {ssd_text}; "
                            "Ctrl-C stops it"))
             if payload["metrics"]:
@@ -237,7 +237,7 @@ def master(
                                            "metrics": metrics_url(server), "term": term})
         else:
             led = f", leader of term {term}" if term is not None else ""
-            out.print(Text(f"store master up on {server.address} (state: "
+            out.line(Text(f"store master up on {server.address} (state: "
                            f"{server.core.state.description}{led}); Ctrl-C stops it"))
 
     if elects_leader(settings.state):
@@ -312,7 +312,7 @@ def node(
                                          "ssd_policy": running.ssd_policy,
                                          "metrics_port": running.metrics_port})
         else:
-            out.print(Text(f"node {running.node_id} serving "
+            out.line(Text(f"node {running.node_id} serving "
                            f"{format_size(running.capacity_bytes)} at {running.endpoint} for "
                            f"master {address}; Ctrl-C stops it"))
         wait_until(stop)

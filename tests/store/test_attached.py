@@ -43,9 +43,9 @@ def _node_reads(cluster: Cluster) -> list[int]:
     assert server is not None
     real = server._read
 
-    def read(conn: Any, tag: int, parsed: list[tuple[int, int, int]]) -> None:
+    def read(conn: Any, mac: Any, tag: int, parsed: list[tuple[int, int, int]]) -> Any:
         count[0] += sum(length for _, _, length in parsed)
-        real(conn, tag, parsed)
+        return real(conn, mac, tag, parsed)
 
     server._read = read  # type: ignore[method-assign]
     return count
