@@ -80,6 +80,21 @@ class CommonSettings:
     cluster_id: str = ""
 
 
+#: What a config "file" that can be read only once (``-c <(...)``, a FIFO) held, by path:
+#: the file is read again for each section a command loads.
+_READ_ONCE: dict[str, str] = {}
+
+
+def _config_text(path: Path) -> str:
+    key = str(path)
+    if key in _READ_ONCE:
+        return _READ_ONCE[key]
+    text = path.read_text(encoding="utf-8")
+    if not path.is_file():  # a pipe: a second read would find it empty
+        _READ_ONCE[key] = text
+    return text
+
+
 def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
     """Read and shape-check a YAML config file: a mapping of section → mapping.
 
@@ -87,7 +102,7 @@ def read_config_file(path: Path) -> dict[str, dict[str, Any]]:
         ConfigError: the file is missing, unreadable, not YAML, or names an unknown section.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _config_text(path)
     except OSError as exc:
         raise ConfigError(
             f"cannot read config file {path}: {exc.strerror or exc}",

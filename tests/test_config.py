@@ -134,3 +134,21 @@ def test_secret_never_appears_in_an_error(tmp_path: Path) -> None:
         load_section(CommonSettings, config_file=cfg, env={})
     assert "s3cret" not in info.value.cause
     assert "s3cret" not in (info.value.hint or "")
+
+
+def test_a_config_from_a_pipe_is_read_once_and_checked_like_a_file(tmp_path) -> None:
+    """``kvctl -c <(printf ...)``: the root reads the config, then each section reads it
+    again; a pipe is empty the second time, so a bad value used to pass unnoticed."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-m", "kvctl", "-c", str(fifo), "store", "serve"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with fifo.open("w") as writer:
+        writer.write("store:\n  capacity: 4XB\n")
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err
+    assert "unknown unit 'XB'" in err
