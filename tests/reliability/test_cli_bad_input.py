@@ -176,6 +176,13 @@ TABLE: dict[tuple[str, ...], list[tuple[str, list[str], int]]] = {
     ],
     ("store", "stat"): [("no-port", ["store", "stat", "k", "-m", "nohostport"], 2)],
     ("store", "rm"): [("port-zero", ["store", "rm", "k", "-m", "127.0.0.1:0"], 2)],
+    ("store", "top"): [
+        ("bad-master", ["store", "top", "--once", "-m", "h:zz"], 2),
+        ("unavailable-master-down", ["store", "top", "--once", "-m", DEAD], 3),
+        ("bad-enum", ["store", "top", "--once", "--backend", "weird"], 2),
+        ("negative-interval", ["store", "top", "--once", "--interval", "-1s"], 2),
+        ("zero-interval", ["store", "top", "--once", "--interval", "0s"], 2),
+    ],
     ("store", "status"): [
         ("bad-master", ["store", "status", "-m", "h:zz"], 2),
         ("unavailable-master-down", ["store", "status", "-m", DEAD], 3),
