@@ -136,8 +136,9 @@ class MasterServer:
         """Serve requests only while ``check()`` is ``None``; past that (an elected master
         that was deposed, see :meth:`~kvctl.store.master.election.Election.check`) each
         request is refused with ``not_leader`` and its connection closed, so the client
-        moves on to the new leader."""
+        moves on to the new leader. The shared tier's file deletes stop too."""
         self._leadership = check
+        self.core.fence_files(check)
 
     def serve_local(self, hold: HoldLocal, attached_bytes: int = DEFAULT_ATTACHED_BYTES) -> None:
         """Answer gets with the bytes of objects in memory of this process (a storage node

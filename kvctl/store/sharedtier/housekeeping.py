@@ -152,6 +152,8 @@ def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
     if not st.busy.acquire(blocking=False):
         return  # another thread is at it
     try:
+        if not core._shared_may_delete():
+            return  # deposed: the files are the new leader's now (the deletes stay queued)
         with core._lock:
             due = st.take_due(core._clock(), UNLINK_BATCH)
         deleted, failures = _unlink_all(due)
@@ -159,6 +161,8 @@ def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
         orphans: list[str] = []
         if st.walk is not None or wall >= st.next_sweep:
             orphans = _sweep_slice(core, st, wall)
+        if orphans and not core._shared_may_delete():
+            return  # deposed while sweeping: its index may not name the new leader's files
         purged, more_failures = _unlink_all(orphans)
         if wall >= st.next_statvfs:
             st.next_statvfs = wall + STATVFS_EVERY_S

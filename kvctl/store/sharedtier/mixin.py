@@ -25,6 +25,7 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from kvctl.errors import UsageError
@@ -42,6 +43,8 @@ class SharedTierMixin(MasterBase):
     """The shared tier's index, writes, quota and deletes (lock held unless said)."""
 
     _shared: SharedState | None
+    #: while an elected master leads: ``None``, else why not (see :meth:`fence_files`)
+    _shared_leading: Callable[[], str | None] | None = None
 
     def _shared_setup(self, config: SharedTierConfig | None) -> None:
         """Before the restore: the tier's tables (``None``: no shared tier)."""
@@ -239,6 +242,18 @@ class SharedTierMixin(MasterBase):
         file system calls run without it)."""
         if self._shared is not None:
             housekeeping(self, self._shared)
+
+    def fence_files(self, check: Callable[[], str | None]) -> None:
+        """Delete tier files only while ``check()`` is ``None`` (an elected master: see
+        :meth:`~kvctl.store.master.election.Election.check`). The files are shared with
+        the next leader and etcd cannot fence an unlink: a leader SIGSTOPped past its
+        lease would otherwise, once resumed, purge the new leader's files as orphans of
+        its stale index, or delete the ones its unsent journal writes had dropped."""
+        self._shared_leading = check
+
+    def _shared_may_delete(self) -> bool:
+        check = self._shared_leading
+        return check is None or check() is None
 
     def _shared_current(self, key: str, version: int) -> bool:
         """Whether the index names ``key``'s file at ``version`` (lock held)."""
