@@ -38,7 +38,8 @@ from typing import Final
 
 import msgspec
 
-from kvctl.net.framing import FrameCodec
+from kvctl.net import auth
+from kvctl.net.framing import FrameCodec, FrameError
 
 PROTOCOL_VERSION: Final = 1
 MAGIC: Final = b"KVSM"
@@ -516,28 +517,58 @@ def check_key(key: str) -> ErrorInfo | None:
     return None
 
 
+class MacError(FrameError):
+    """A message failed its MAC check: forged, altered, replayed or reordered on the way."""
+
+
 class Codec:
-    """Frames plus msgspec encoding for one side of a connection (not thread-safe)."""
+    """Frames plus msgspec encoding for one side of a connection (not thread-safe).
+
+    After a login with a token both sides set :attr:`mac` (keyed by the handshake, see
+    :func:`kvctl.net.auth.session_key`): every message then ends with a 16-byte MAC over its
+    encoding, numbered per direction, so a relay that passed a real login through can
+    neither inject, alter, replay nor reorder requests (attached object bytes are not
+    covered: the client checks them against their checksums).
+    """
 
     def __init__(self, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.frames = FrameCodec(MAGIC, max_payload_bytes=max_frame_bytes)
         self._encoder = msgspec.msgpack.Encoder()
         self._requests = msgspec.msgpack.Decoder(Request)
         self._replies = msgspec.msgpack.Decoder(Reply)
+        #: set after an authenticated login: seals what this side sends, checks what it gets
+        self.mac: auth.FrameMac | None = None
+
+    def _payload(self, message: msgspec.Struct) -> bytes:
+        payload = self._encoder.encode(message)
+        return payload if self.mac is None else payload + self.mac.seal(payload)
+
+    def _opened(self, payload: bytes | bytearray | memoryview) -> bytes | memoryview:
+        if self.mac is None:
+            return payload if isinstance(payload, bytes | memoryview) else bytes(payload)
+        view = memoryview(payload)
+        size = auth.FRAME_MAC_BYTES
+        if len(view) < size or not self.mac.check(view[-size:], view[:-size]):
+            raise MacError("a message failed its MAC check (altered, injected or replayed on "
+                           "the way)", "the connection is closed; if it repeats, something "
+                           "between the hosts rewrites traffic")
+        return view[:-size]
 
     def send(self, sock: socket.socket, message: msgspec.Struct) -> None:
         """Encode ``message`` and send it as one frame of the current version."""
-        self.frames.send(sock, PROTOCOL_VERSION, self._encoder.encode(message))
+        self.frames.send(sock, PROTOCOL_VERSION, self._payload(message))
 
     def encode(self, message: msgspec.Struct) -> bytes:
         """One complete frame (header + payload) for ``message``."""
-        payload = self._encoder.encode(message)
+        payload = self._payload(message)
         return self.frames.encode_header(PROTOCOL_VERSION, len(payload)) + payload
 
     def decode_request(self, payload: bytes) -> Request:
-        """Decode a request payload (raises ``msgspec.DecodeError`` / ``ValidationError``)."""
-        return self._requests.decode(payload)
+        """Decode a request payload (raises ``msgspec.DecodeError`` / ``ValidationError``,
+        or :class:`MacError` on an authenticated connection)."""
+        return self._requests.decode(self._opened(payload))
 
     def decode_reply(self, payload: bytes) -> Reply:
-        """Decode a reply payload (raises ``msgspec.DecodeError`` / ``ValidationError``)."""
-        return self._replies.decode(payload)
+        """Decode a reply payload (raises ``msgspec.DecodeError`` / ``ValidationError``,
+        or :class:`MacError` on an authenticated connection)."""
+        return self._replies.decode(self._opened(payload))

@@ -232,6 +232,8 @@ class MasterConnection:
                         "this is not the master you meant (check --master and the discovery "
                         "file), or it runs another kvctl version")
                 self.namespace = reply.namespace
+                self._codec.mac = auth.FrameMac(auth.session_key(
+                    token, hello.nonce, challenge, p.AUTH_CONTEXT), client=True)
             elif token:
                 # This side has a token, the master asks for none: either a misconfigured
                 # cluster or not the master we mean; never hand it our data.

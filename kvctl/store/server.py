@@ -236,11 +236,16 @@ class MasterServer:
         found = None
         if isinstance(msg, p.Login):
             found = identify(self._token, self.tenants, nonce, p.AUTH_CONTEXT, msg.answer)
-        if found is not None and isinstance(msg, p.Login):
+        if found is not None and isinstance(msg, p.Login) and \
+                len(msg.client_nonce) == auth.NONCE_BYTES:
+            # A login without the client's challenge is refused: the session's MACs are
+            # keyed by both nonces, and a relay that stripped it would get a session
+            # without them.
             namespace, proved = found
-            proof = (auth.server_proof(proved, nonce, msg.client_nonce, p.AUTH_CONTEXT)
-                     if msg.client_nonce else b"")
+            proof = auth.server_proof(proved, nonce, msg.client_nonce, p.AUTH_CONTEXT)
             codec.send(conn, p.Ok(namespace=namespace, proof=proof))
+            codec.mac = auth.FrameMac(auth.session_key(proved, nonce, msg.client_nonce,
+                                                       p.AUTH_CONTEXT), client=False)
             return namespace
         codec.send(conn, p.Fail(error=p.ErrorInfo(
             code="unauthorized", cause="store master refused the token",
