@@ -8,9 +8,13 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from kvctl.store.checksum import checksum
+from kvctl.store.client import StoreClient
+from kvctl.store.sharedtier import writer
 from kvctl.store.sharedtier.fileformat import file_name, write_object
-from tests.store.test_shared_tier import SharedCluster
+from tests.store.test_shared_tier import MiB, SharedCluster, _evict
 
 
 def _plant(root: Path, key: str, version: int) -> Path:
@@ -49,5 +53,32 @@ def test_a_deposed_master_neither_purges_nor_deletes_tier_files(tmp_path: Path) 
             time.sleep(0.01)
         assert not queued.exists()
         assert not any(p.exists() for p in theirs)
+    finally:
+        c.close()
+
+
+def test_a_file_whose_write_report_is_late_is_no_orphan(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node renames, then its report takes longer than the orphan grace (a slow
+    heartbeat, a takeover): the sweep must not delete the file the report then records
+    (seen after an etcd stall and a takeover: the new leader named 4 missing files)."""
+    real = writer.write_object
+
+    def slow(*args: object, **kwargs: object) -> None:
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        if args[1] == "late":
+            time.sleep(1.0)  # renamed: the file is on disk, its report is late
+
+    monkeypatch.setattr(writer, "write_object", slow)
+    root = tmp_path / "dfs"
+    c = SharedCluster(root, orphan_grace_s=0.0, sweep_interval_s=0.0)
+    try:
+        c.node()
+        with StoreClient(c.address) as client:
+            value = os.urandom(MiB)
+            client.put("late", value)
+            _evict(client, "late")  # write-back; the sweep ran meanwhile, every tick
+            assert (root / file_name("late", client.stat("late").version)).exists()
+            assert client.get("late") == value
     finally:
         c.close()

@@ -256,6 +256,13 @@ class SharedTierMixin(MasterBase):
         return check is None or check() is None
 
     def _shared_current(self, key: str, version: int) -> bool:
-        """Whether the index names ``key``'s file at ``version`` (lock held)."""
+        """Whether the index names ``key``'s file at ``version``, or a node is writing it
+        (its report may come long after the rename: a slow heartbeat, a takeover; the
+        file is the copy the report records) (lock held)."""
         obj = self._index.get(key)
-        return obj is not None and obj.version == version and bool(obj.shared)
+        if obj is None or obj.version != version:
+            return False
+        st = self._shared
+        through = st.writing.get(key) if st is not None else None
+        return bool(obj.shared) or bool(obj.evicting) or (
+            through is not None and through[0] is obj)
