@@ -596,7 +596,7 @@ def status(
     table = Table(title="nodes", title_justify="left")
     for col in ("node", "state", "DRAM used", "objects", "SSD", "SSD used", "SSD state",
                 "endpoint", "last seen"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a narrow terminal wraps, never cuts
     for n in st.nodes:
         state = n.state or ("alive" if n.alive else "down")
         table.add_row(Text(n.node_id), Text(state, style="" if state == "alive" else
