@@ -728,7 +728,7 @@ def top(
 
     Example: kvctl store top --master 10.0.0.5:50051 --metrics 10.0.0.5:9101
     """
-    from kvctl.top.screen import LIVE_NODES, render, watch
+    from kvctl.commands._top_screen import LIVE_NODES, render, watch
     from kvctl.top.session import TopSession, read_once
     from kvctl.top.sources import KvctlSource, MooncakeSource, Source
     from kvctl.units import parse_duration

@@ -9,6 +9,6 @@ Layers, lower first (a lower one never imports an upper one):
 - :mod:`kvctl.top.sources`: where it comes from: a kvctl master (status over the store
   protocol, rates from its ``--metrics-port`` endpoint) or a ``mooncake_master`` (its HTTP
   ``/health``, ``/get_segments_detail`` and ``/metrics``).
-- :mod:`kvctl.top.screen`: the terminal: Rich renderables and the live loop (``q`` or
-  Ctrl-C quits).
+The terminal side (Rich renderables and the live loop, ``q`` or Ctrl-C quits) lives with
+the command, in :mod:`kvctl.commands._top_screen`: the library never imports Rich.
 """

@@ -1,5 +1,5 @@
-"""What ``kvctl store top`` shows, as plain data (rendered by :mod:`kvctl.top.screen`,
-printed by ``--once --json``)."""
+"""What ``kvctl store top`` shows, as plain data (rendered by
+:mod:`kvctl.commands._top_screen`, printed by ``--once --json``)."""
 
 from __future__ import annotations
 
