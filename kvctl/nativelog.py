@@ -16,6 +16,7 @@ Files live in ``$KVCTL_LOG_DIR`` (default ``$XDG_STATE_HOME/kvctl/logs``, i.e.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import io
 import logging
@@ -27,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 _log = logging.getLogger("kvctl.nativelog")
 
@@ -113,13 +115,45 @@ def _open_log(component: str) -> tuple[int, Path] | None:
     return fd, path
 
 
-def _repoint_handlers(old: object, new: io.TextIOBase) -> list[logging.StreamHandler]:  # type: ignore[type-arg]
+def repoint_log_handlers(old: object, new: object) -> list[logging.StreamHandler]:  # type: ignore[type-arg]
+    """Point the root logger's stream handlers that write to ``old`` at ``new``; returns
+    them, to be pointed back (a handler keeps the stream it was made with, so one swap of
+    ``sys.stderr`` does not move it)."""
     moved = []
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.StreamHandler) and handler.stream is old:
             handler.setStream(new)
             moved.append(handler)
     return moved
+
+
+@dataclasses.dataclass
+class _KeptStderr:
+    """Python's stderr moved onto a duplicate of the terminal's fd (see :func:`_keep_stderr`)."""
+
+    terminal: io.TextIOWrapper
+    old: Any
+    moved: list[logging.StreamHandler]  # type: ignore[type-arg]
+
+    def undo(self) -> None:
+        self.terminal.flush()
+        sys.stderr = self.old
+        for handler in self.moved:
+            handler.setStream(self.old)
+        self.terminal.close()
+
+
+def _keep_stderr(terminal_fd: int) -> _KeptStderr | None:
+    """``sys.stderr``, and the log handlers on it, onto a stream over a duplicate of
+    ``terminal_fd``, before fd 2 itself is redirected; ``None`` (nothing moved) under a
+    test's in-memory capture, which is not fd 2."""
+    if not _is_fd2(sys.stderr):
+        return None
+    terminal = os.fdopen(os.dup(terminal_fd), "w", buffering=1, encoding="utf-8",
+                         errors="replace")
+    old = sys.stderr
+    sys.stderr = terminal
+    return _KeptStderr(terminal, old, repoint_log_handlers(old, terminal))
 
 
 def send_native_output_to_log(component: str) -> Path | None:
@@ -134,11 +168,7 @@ def send_native_output_to_log(component: str) -> Path | None:
         os.dup2(2, 1)
         return None
     fd, path = opened
-    if _is_fd2(sys.stderr):
-        terminal = os.fdopen(os.dup(2), "w", buffering=1, encoding="utf-8", errors="replace")
-        old = sys.stderr
-        sys.stderr = terminal
-        _repoint_handlers(old, terminal)
+    _keep_stderr(2)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
@@ -152,28 +182,18 @@ class _Redirect:
         sys.stderr.flush()
         self.path = path
         self.saved = os.dup(2)
-        self.old = sys.stderr
-        self.moved: list[logging.StreamHandler] = []  # type: ignore[type-arg]
-        self.terminal: io.TextIOWrapper | None = None
-        if _is_fd2(sys.stderr):  # not under a test's in-memory capture: keep Python on the tty
-            self.terminal = os.fdopen(os.dup(self.saved), "w", buffering=1, encoding="utf-8",
-                                      errors="replace")
-            sys.stderr = self.terminal
-            self.moved = _repoint_handlers(self.old, self.terminal)
+        self.kept = _keep_stderr(self.saved)  # keep Python on the terminal
         os.dup2(fd, 2)
         os.close(fd)
         self.users = 0
 
     def undo(self) -> None:
-        if self.terminal is not None:
-            self.terminal.flush()
+        if self.kept is not None:
+            self.kept.terminal.flush()
         os.dup2(self.saved, 2)
         os.close(self.saved)
-        if self.terminal is not None:
-            sys.stderr = self.old
-            for handler in self.moved:
-                handler.setStream(self.old)
-            self.terminal.close()
+        if self.kept is not None:
+            self.kept.undo()
 
 
 def _is_fd2(stream: object) -> bool:

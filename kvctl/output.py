@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import logging
 import math
 import os
 import re
@@ -33,6 +32,7 @@ from rich.progress import (
 
 from kvctl import SCHEMA_VERSION
 from kvctl.errors import KvctlError, UnavailableError
+from kvctl.nativelog import repoint_log_handlers
 from kvctl.units import with_deprecated_keys
 
 #: Columns of tables written to a pipe or file.
@@ -159,11 +159,8 @@ class Output:
             # Rich catches writes to sys.stderr and prints them above the bar; logging's
             # handlers hold the stream they were made with, so point them there too, or a
             # warning lands glued to the bar's line.
-            moved = [h for h in logging.getLogger().handlers
-                     if isinstance(h, logging.StreamHandler) and h.stream is before
-                     and sys.stderr is not before]
-            for handler in moved:
-                handler.setStream(sys.stderr)
+            moved = repoint_log_handlers(before, sys.stderr) if sys.stderr is not before \
+                else []
             try:
                 yield bar
             finally:
