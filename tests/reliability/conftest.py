@@ -26,10 +26,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kvctl.store.client import StoreClient
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The master declares a node dead after this much heartbeat silence, seconds.
 NODE_TIMEOUT_S = 1.5
 CARD_DEADLINE_S = 30.0
+
+
+def node_states(client: StoreClient) -> dict[str, str]:
+    """Each node's liveness state (alive, suspect, ...) as the master reports it."""
+    return {n.node_id: n.state for n in client.status().nodes}
 
 
 def wait_for(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"

@@ -24,14 +24,11 @@ from tests.reliability.conftest import (
     StoreCluster,
     decode_value,
     make_value,
+    node_states,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _states(client: StoreClient) -> dict[str, str]:
-    return {n.node_id: n.state for n in client.status().nodes}
 
 
 def test_reservation_puts_on_a_stopped_node_fail_or_are_readable(
@@ -46,19 +43,19 @@ def test_reservation_puts_on_a_stopped_node_fail_or_are_readable(
     cluster.start_master()
     cluster.start_nodes("a")
     with StoreClient(cluster.address, timeout_s=5) as client:
-        wait_for(lambda: _states(client) == {"a": "alive"}, what="node a")
+        wait_for(lambda: node_states(client) == {"a": "alive"}, what="node a")
         client.put("warm", make_value("warm", 1, 4096))  # the reservation is on a
         stopped = cluster.nodes["a"]
         stopped.suspend()
         try:
-            wait_for(lambda: _states(client) == {"a": "suspect"},
+            wait_for(lambda: node_states(client) == {"a": "suspect"},
                      timeout_s=NODE_TIMEOUT_S + 5, what="node a suspect")
             alone = client.batch_put([(f"alone/{i}", make_value(f"alone/{i}", 1, 4096))
                                       for i in range(20)])
             assert all(isinstance(e, StoreUnavailableError) for e in alone), alone[:3]
             assert client.batch_exists([f"alone/{i}" for i in range(20)]) == [False] * 20
             cluster.start_nodes("b")
-            wait_for(lambda: _states(client) == {"a": "suspect", "b": "alive"},
+            wait_for(lambda: node_states(client) == {"a": "suspect", "b": "alive"},
                      what="node b")
             keys = [f"stall/{i}" for i in range(60)]
             ok: list[str] = []
@@ -74,7 +71,7 @@ def test_reservation_puts_on_a_stopped_node_fail_or_are_readable(
             assert all(client.stat(k).replicas == ["b"] for k in ok)
         finally:
             stopped.resume()
-        wait_for(lambda: _states(client) == {"a": "alive", "b": "alive"}, timeout_s=15,
+        wait_for(lambda: node_states(client) == {"a": "alive", "b": "alive"}, timeout_s=15,
                  what="node a back")
         got = client.batch_get([*ok, "warm"])
         assert [decode_value(k, v) for k, v in zip([*ok, "warm"], got, strict=True)] == \

@@ -19,14 +19,11 @@ from tests.reliability.conftest import (
     StoreCluster,
     decode_value,
     make_value,
+    node_states,
     wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _states(client: StoreClient) -> dict[str, str]:
-    return {n.node_id: n.state for n in client.status().nodes}
 
 
 def test_puts_while_the_node_is_stopped_survive_its_stall(
@@ -46,7 +43,7 @@ def test_puts_while_the_node_is_stopped_survive_its_stall(
             keys = [f"stall/{i}" for i in range(60)]
             for key in keys:
                 client.put(key, make_value(key, 1, 4096))
-            wait_for(lambda: _states(client) == {"a": "suspect"},
+            wait_for(lambda: node_states(client) == {"a": "suspect"},
                      timeout_s=NODE_TIMEOUT_S + 5, what="node suspect")
             time.sleep(NODE_TIMEOUT_S)  # well past the timeout
             assert client.batch_exists(keys) == [True] * 60
@@ -54,7 +51,7 @@ def test_puts_while_the_node_is_stopped_survive_its_stall(
                 client.get(keys[0])  # kept, but its only node does not answer
         finally:
             cluster.nodes["a"].resume()
-        wait_for(lambda: _states(client) == {"a": "alive"}, timeout_s=15, what="node back")
+        wait_for(lambda: node_states(client) == {"a": "alive"}, timeout_s=15, what="node back")
         got = client.batch_get(keys)
         assert [decode_value(k, v) for k, v in zip(keys, got, strict=True)] == [1] * 60
         assert client.status().lost == 0
@@ -73,7 +70,7 @@ def test_a_killed_node_is_suspect_until_removed(
         for key, value in values.items():
             client.put(key, value)
         cluster.nodes["a"].kill()
-        wait_for(lambda: _states(client) == {"a": "suspect", "b": "alive"},
+        wait_for(lambda: node_states(client) == {"a": "suspect", "b": "alive"},
                  timeout_s=NODE_TIMEOUT_S + 5, what="node a suspect")
         assert client.batch_get(list(values)) == list(values.values())
         assert client.status().lost == 0
@@ -82,7 +79,7 @@ def test_a_killed_node_is_suspect_until_removed(
             assert isinstance(conn.call(p.DropNode(node_id="a")), p.Ok)
         finally:
             conn.close()
-        wait_for(lambda: _states(client) == {"b": "alive"}, what="node a dropped")
+        wait_for(lambda: node_states(client) == {"b": "alive"}, what="node a dropped")
         for key, value in values.items():
             assert client.get(key) == value
             assert client.stat(key).replicas == ["b"]
