@@ -124,15 +124,20 @@ FAMILIES: dict[str, Family] = {
 }
 
 
-def _family_app(name: str) -> typer.Typer:
-    """A root holding family ``name`` alone, so it builds exactly as under the full root."""
+def _attach(app: typer.Typer, name: str) -> None:
+    """Import family ``name`` and add it to ``app``: a sub-app, or a single command."""
     family = FAMILIES[name]
     target = getattr(importlib.import_module(family.module), family.attr)
-    holder = typer.Typer(add_completion=False)
     if isinstance(target, typer.Typer):
-        holder.add_typer(target, name=name)
+        app.add_typer(target, name=name)
     else:
-        holder.command(name)(target)
+        app.command(name)(target)
+
+
+def _family_app(name: str) -> typer.Typer:
+    """A root holding family ``name`` alone, so it builds exactly as under the full root."""
+    holder = typer.Typer(add_completion=False)
+    _attach(holder, name)
     holder.callback()(lambda: None)  # keeps the holder a group even with one command
     return holder
 
@@ -220,12 +225,8 @@ def build_app() -> typer.Typer:
     ``kvctl`` itself runs :func:`command_tree`, which imports only the command it runs.
     """
     app = _new_root()
-    for name, family in FAMILIES.items():
-        target = getattr(importlib.import_module(family.module), family.attr)
-        if isinstance(target, typer.Typer):
-            app.add_typer(target, name=name)
-        else:
-            app.command(name)(target)
+    for name in FAMILIES:
+        _attach(app, name)
     return app
 
 
