@@ -148,9 +148,9 @@ def open_connection(host: str, port: int, *, token: str | None, local_address: s
             raise AuthError(f"target {host}:{port} asks for no token, but this side has one",
                             "set the same KVCTL_TOKEN (or common.token) on both hosts, or "
                             "unset it here")
-        authed = bool(token)
-        client_nonce = auth.new_nonce() if authed else bytes(auth.NONCE_BYTES)
-        digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token and authed \
+        # From here a token means the target asked for one too (both refusals are above).
+        client_nonce = auth.new_nonce() if token else bytes(auth.NONCE_BYTES)
+        digest = auth.respond(token, bytes(nonce), p.AUTH_CONTEXT) if token \
             else bytes(auth.DIGEST_BYTES)
         sock.sendall(p.ANSWER.pack(p.MAGIC, p.VERSION, digest, client_nonce))
         _, code, proof = p.VERDICT.unpack(recv_exact(sock, p.VERDICT.size))
@@ -160,7 +160,7 @@ def open_connection(host: str, port: int, *, token: str | None, local_address: s
         if code != p.Verdict.OK:
             raise FrameError(f"target {host}:{port} refused protocol version {p.VERSION}",
                              "run the same kvctl version on both ends")
-        if token and authed:
+        if token:
             expected = auth.server_proof(token, bytes(nonce), client_nonce, p.AUTH_CONTEXT)
             if not hmac.compare_digest(expected, bytes(proof)):
                 raise AuthError(f"target {host}:{port} could not prove it knows the token",
