@@ -209,6 +209,15 @@ def _subjects(pair: PairValue) -> list[Endpoint]:
     return list(dict.fromkeys(found))
 
 
+def _by_subject(pairs: Iterable[PairValue]) -> dict[Endpoint, list[PairValue]]:
+    """Each subject a pair can blame, with its pairs."""
+    found: dict[Endpoint, list[PairValue]] = {}
+    for pair in pairs:
+        for subject in _subjects(pair):
+            found.setdefault(subject, []).append(pair)
+    return found
+
+
 def _key(pair: PairValue) -> tuple[Endpoint, Endpoint]:
     return (pair.a, pair.b)
 
@@ -272,11 +281,7 @@ def _unreachable(pairs: list[PairValue], *, min_pairs: int) -> tuple[Endpoint, .
     """Subjects all of whose pairs (at least ``min_pairs``) failed: a dead link or NIC is
     the slowest of all, but it has no value to be slow with. Only called with some pair
     measured, so "everything failed" names nobody."""
-    by_subject: dict[Endpoint, list[PairValue]] = {}
-    for p in pairs:
-        for subject in _subjects(p):
-            by_subject.setdefault(subject, []).append(p)
-    dead = {s for s, own in by_subject.items()
+    dead = {s for s, own in _by_subject(pairs).items()
             if len(own) >= min_pairs and all(p.gbps is None for p in own)}
     # A host whose pairs all failed is named as the host, not NIC by NIC.
     return tuple(sorted(s for s in dead if s.nic is None or s.host_only not in dead))
@@ -290,10 +295,7 @@ def _explained_keys(culprit: Culprit, slow: dict[tuple[Endpoint, Endpoint], Slow
 
 def _culprits(measured: list[PairValue], slow: dict[tuple[Endpoint, Endpoint], SlowPair], *,
               min_slow_pairs: int, own_share: float) -> list[Culprit]:
-    by_subject: dict[Endpoint, list[PairValue]] = {}
-    for p in measured:
-        for s in _subjects(p):
-            by_subject.setdefault(s, []).append(p)
+    by_subject = _by_subject(measured)
     remaining = set(slow)
     named: list[Endpoint] = []
     found: list[Culprit] = []
