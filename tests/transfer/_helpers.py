@@ -108,6 +108,15 @@ class FaultyProxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
+    def cut_all(self) -> None:
+        """Close every connection open now at both ends (a middlebox's idle cut, a
+        target that restarted); the proxy keeps accepting new ones."""
+        with self._lock:
+            socks, self._socks = list(self._socks), []
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
     def close(self) -> None:
         self._closed.set()
         self._listener.close()

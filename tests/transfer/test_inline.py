@@ -183,3 +183,44 @@ def test_move_direct_failure_leaves_the_path_for_a_batch(url: str) -> None:
         assert proxy.cuts == 1
         ini.move_direct(OpCode.WRITE, "remote", 0, memoryview(data))  # a new connection
         assert bytes(tgt.local_view("remote")[:65536]) == data
+
+
+def _pooled(engine: TransferEngine) -> list[object]:
+    """The idle connections the tcp transport keeps for inline moves."""
+    tcp: TcpTransport = engine._tcp
+    return [sock for peer in tcp._peers.values() for spare in peer._spare for sock in spare]
+
+
+def test_idle_connections_cut_by_the_peer_do_not_fail_the_next_request(url: str) -> None:
+    """A target that restarted, or a middlebox that cut idle connections, leaves the pool
+    holding dead sockets: the next move_direct and the next inline batch open new ones
+    instead of failing (or retrying) once."""
+    from kvctl.transfer.transports.tcp import _idle_and_open
+
+    with behind_proxy(url, "remote", SIZE) as (tgt, proxy), \
+            TransferEngine("i", url, transport="tcp", connections_per_peer=2) as ini:
+        ini.register_segment("local", SIZE)
+        data = pattern(8, 0, 0, 4096)
+        ini.local_view("local")[:4096] = data
+        ini.move_direct(OpCode.WRITE, "remote", 0, memoryview(data))
+        batch = ini.allocate_batch(1)
+        assert ini.run(batch, [TransferRequest(OpCode.WRITE, "local", 0, "remote", 4096,
+                                               4096)], timeout_s=10).ok
+        pooled = _pooled(ini)
+        assert pooled
+        before = proxy.connections
+        proxy.cut_all()
+        wait_until(lambda: not any(_idle_and_open(s) for s in pooled),  # type: ignore[arg-type]
+                   what="the cut reaching the client")
+        back = bytearray(4096)
+        ini.move_direct(OpCode.READ, "remote", 0, memoryview(back))
+        assert back == data
+        again = ini.allocate_batch(1)
+        result = ini.run(again, [TransferRequest(OpCode.READ, "local", 8192, "remote", 4096,
+                                                 4096)], timeout_s=10)
+        assert result.ok, result
+        assert result.retries == 0
+        assert bytes(ini.local_view("local")[8192:12288]) == data
+        assert proxy.connections > before
+        assert _worker_sockets(ini) == 0  # no worker path was needed either
+        assert bytes(tgt.local_view("remote")[4096:8192]) == data

@@ -31,6 +31,7 @@ import hmac
 import itertools
 import logging
 import queue
+import select
 import socket
 import struct
 import threading
@@ -179,6 +180,20 @@ def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+def _idle_and_open(sock: socket.socket) -> bool:
+    """Whether an idle connection can carry the next request: nothing has arrived on it.
+    A peer that closed or reset it while it sat in the pool (a restarted target, an idle
+    cut by a middlebox) makes it readable (EOF or an error), and so does a reply nobody
+    asked for; either way its stream is not ours to reuse. One ``poll`` with no wait, so
+    a live connection costs a syscall, not its timeout."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    try:
+        return not poller.poll(0)
+    except OSError:
+        return False
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -340,9 +355,7 @@ class _Peer:
         for frame in frames:
             index = self.health.pick()
             path = self.paths[index]
-            with self._spare_lock:
-                spare = self._spare[index]
-                sock = spare.pop() if spare else None
+            sock = self._spare_of(index)
             try:
                 if sock is None:
                     sock = path.open()
@@ -379,9 +392,7 @@ class _Peer:
         """
         index = self.health.pick()
         path = self.paths[index]
-        with self._spare_lock:
-            spare = self._spare[index]
-            sock = spare.pop() if spare else None
+        sock = self._spare_of(index)
         length = local.nbytes
         try:
             if sock is None:
@@ -417,6 +428,20 @@ class _Peer:
             raise
         self._keep(index, sock)
         self.health.ok(index)
+
+    def _spare_of(self, index: int) -> socket.socket | None:
+        """An idle connection of path ``index`` that is still open at the far end, or
+        None (open a new one): those the peer cut while idle are closed here instead of
+        failing the request they would have carried."""
+        while True:
+            with self._spare_lock:
+                spare = self._spare[index]
+                sock = spare.pop() if spare else None
+            if sock is None or _idle_and_open(sock):
+                return sock
+            _log.debug("idle connection to %s on path %s was closed by the peer; dropped",
+                       self.addresses[0], self.paths[index].name)
+            _close(sock)
 
     def _keep(self, index: int, sock: socket.socket) -> None:
         """Return a spare connection for reuse (at most ``connections_per_peer`` idle per
