@@ -57,6 +57,8 @@ class ResultRow:
         ratio_vs_baseline: throughput / the baseline engine's throughput for the same
             configuration (``None`` for the baseline itself or without a match).
         model / tokens_per_block: set when blocks are sized as a model's KV pages.
+        first_error: why the first failed request of the timed phase failed, as the
+            engine said (a target that died, a refusal); ``None`` when none failed.
     """
 
     engine: str
@@ -95,6 +97,7 @@ class ResultRow:
     ratio_vs_baseline: float | None = None
     model: str | None = None
     tokens_per_block: int | None = None
+    first_error: str | None = None
 
     def label(self) -> str:
         """How messages name the configuration: ``kvctl write tcp 64 KiB x128``."""
@@ -149,7 +152,8 @@ def shortfalls(rows: Sequence[ResultRow], *, expect_line_rate: float | None = No
     out: list[Shortfall] = []
     for row in rows:
         if row.errors:
-            out.append(Shortfall(row.label(), f"{row.errors} request(s) failed"))
+            out.append(Shortfall(row.label(), f"{row.errors} request(s) failed" + (
+                f", first: {row.first_error}" if row.first_error else "")))
         tp = row.throughput_gbytes_per_s
         if expect_gbytes_per_s is not None and tp < expect_gbytes_per_s:
             out.append(Shortfall(

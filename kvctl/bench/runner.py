@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from kvctl.bench.engines.base import DriverPlan, EngineDriver, PathInfo
+from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, PathInfo
 from kvctl.bench.linerate import LineRate, LineRates, Shape
 from kvctl.bench.result import ResultRow
 from kvctl.bench.spec import Op, Sweep, SweepConfig
@@ -105,6 +105,7 @@ class _Timed:
     retries: int | None
     elapsed_s: float
     path: str | None
+    first_error: str | None = None
 
 
 class SweepRunner:
@@ -232,6 +233,7 @@ class SweepRunner:
             verified=verified,
             model=sizing.model if sizing is not None else None,
             tokens_per_block=sizing.tokens_per_block if sizing is not None else None,
+            first_error=timed.first_error,
         )
 
     def _note_path(self, transport: str, path: str | None) -> None:
@@ -253,6 +255,7 @@ class SweepRunner:
         errors = [0] * threads
         retries: list[int | None] = [0] * threads
         paths: list[str | None] = [None] * threads
+        causes: list[str | None] = [None] * threads
         failures: list[BaseException] = []
         start_gate = threading.Barrier(threads + 1) if threads > 1 else None
         deadline_box = [0.0]
@@ -273,6 +276,8 @@ class SweepRunner:
                                                     config.batch_size, thread)
                     samples.append(time.perf_counter() - t0)
                     errors[thread] += outcome.errors
+                    if outcome.errors and causes[thread] is None:
+                        causes[thread] = outcome.cause or "the engine gave no cause"
                     got = retries[thread]
                     retries[thread] = (None if got is None or outcome.retries is None
                                        else got + outcome.retries)
@@ -306,6 +311,7 @@ class SweepRunner:
             retries=all_retries,
             elapsed_s=elapsed,
             path=next((p for p in paths if p is not None), None),
+            first_error=next((c for c in causes if c is not None), None),
         )
 
     def _request_latencies(self, config: SweepConfig) -> list[float]:
@@ -348,8 +354,8 @@ class SweepRunner:
                 pattern.fill(view, thread * batch + i)
             self.driver.sync_local(thread * self._stride, batch * size)  # e.g. into GPU memory
         for thread in threads:
-            self._must(self.driver.run_batch(config.transport, Op.WRITE, size, batch, thread)
-                       .errors, where, "writing the pattern")
+            self._must(self.driver.run_batch(config.transport, Op.WRITE, size, batch, thread),
+                       where, "writing the pattern")
         if self.tamper is not None:
             self.tamper(self.driver, config.transport, self._stride)
         for thread in threads:
@@ -357,8 +363,8 @@ class SweepRunner:
             view[:] = bytes(len(view))
             self.driver.sync_local(thread * self._stride, batch * size)
         for thread in threads:
-            self._must(self.driver.run_batch(config.transport, Op.READ, size, batch, thread)
-                       .errors, where, "reading the pattern back")
+            self._must(self.driver.run_batch(config.transport, Op.READ, size, batch, thread),
+                       where, "reading the pattern back")
         for thread in threads:
             self.driver.refresh_local(thread * self._stride, batch * size)
             for i in range(batch):
@@ -368,7 +374,9 @@ class SweepRunner:
         _log.info("%s: %d blocks verified", where, batch * self.sweep.threads)
 
     @staticmethod
-    def _must(errors: int, where: str, what: str) -> None:
-        if errors:
-            raise CheckFailedError(f"{where}: {errors} request(s) failed while {what}",
-                                   "the engine reported failures; rerun with -v for the causes")
+    def _must(outcome: BatchOutcome, where: str, what: str) -> None:
+        if outcome.errors:
+            raise CheckFailedError(
+                f"{where}: {outcome.errors} request(s) failed while {what}"
+                + (f" (first: {outcome.cause})" if outcome.cause else ""),
+                "the engine reported failures; rerun with -v for every cause")

@@ -205,3 +205,25 @@ def test_the_initiator_keeps_its_own_buffers_off_the_network(nshosts: MakeHosts)
     stop(proc)
     assert done.returncode == 0, done.stderr
     assert "reachable from other hosts" not in done.stderr
+
+
+def test_a_target_killed_mid_sweep_is_named_in_the_failed_rows(nshosts: MakeHosts) -> None:
+    """The rows after a target died say why their requests failed (the engine's cause:
+    which target, refused or reset), not only how many; the run ends non-zero in bounded
+    time."""
+    net = nshosts(2)
+    proc, info = _target(net[0], "--block-size", "64KiB", "--batch-size", "8")
+    initiator = net[1].popen([*shlex.split(info["initiator"]), "--duration", "3s",
+                              "--op", "write", "--json"])
+    time.sleep(1.5)
+    proc.kill()
+    proc.wait(timeout=10)
+    out, err = initiator.communicate(timeout=120)
+    assert initiator.returncode != 0, err
+    doc = json.loads(out)
+    failed = [r for r in doc["rows"] if r["errors"]]
+    assert failed, doc["rows"]
+    assert all(net[0].address in (r["first_error"] or "") for r in failed), failed
+    error = " ".join(line for line in err.decode().splitlines() if line.startswith("Error:"))
+    assert "request(s) failed, first: " in error, err
+    assert net[0].address in error, err

@@ -80,11 +80,14 @@ class BatchOutcome:
         errors: requests that failed or timed out.
         retries: slices retried on another path, or ``None`` when the engine does not say.
         path: the path the batch used (may differ from :class:`PathInfo` when sliced).
+        cause: why the first failed request failed, as the engine said (``None`` when
+            nothing failed).
     """
 
     errors: int = 0
     retries: int | None = None
     path: str | None = None
+    cause: str | None = None
 
 
 class EngineDriver(abc.ABC):

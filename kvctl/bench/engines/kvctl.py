@@ -196,7 +196,7 @@ class KvctlDriver(EngineDriver):
                          result.timed_out, result.first_cause)
         engine.free_batch(batch)
         return BatchOutcome(errors=result.failed + result.timed_out, retries=result.retries,
-                            path=path)
+                            path=path, cause=result.first_cause)
 
     def _engine_for(self, transport: str) -> Any:
         if self._engine is None or self._engine_transport != transport:

@@ -286,7 +286,8 @@ class MooncakeDriver(ForeignDriver):
             rc = self._engine.batch_transfer_sync_read(self._session, local, remote, lengths)
         if rc != 0:
             _log.warning("Mooncake batch_transfer_sync_%s returned %d", op.value, rc)
-            return BatchOutcome(errors=batch_size, retries=None)
+            return BatchOutcome(errors=batch_size, retries=None,
+                                cause=f"Mooncake batch_transfer_sync_{op.value} returned {rc}")
         return BatchOutcome(errors=0, retries=None)
 
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:

@@ -299,7 +299,11 @@ class NixlDriver(ForeignDriver):
         ok = self._post(self._handle(op, block_size_bytes, batch_size, thread_index))
         if not ok:
             _log.warning("NIXL %s batch of %d failed or timed out", op.value, batch_size)
-        return BatchOutcome(errors=0 if ok else batch_size, retries=None)
+        if ok:
+            return BatchOutcome(errors=0, retries=None)
+        return BatchOutcome(errors=batch_size, retries=None,
+                            cause=f"NIXL {op.value} batch failed or did not finish within "
+                                  f"{self._require_plan().timeout_s:g} s")
 
     def poke_remote(self, transport: str, offset: int, data: bytes) -> None:
         self._ready(transport)
