@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,80 +16,21 @@ from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.rpc import MasterConnection
 from tests.fixtures.servers import free_port
 from tests.store.conftest import wait_for
+from tests.store.procs import Servers, servers
 
 pytestmark = pytest.mark.integration
 
 
-class Proc:
-    """``python -m kvctl store ... --json``; the first JSON document is its address card."""
-
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self.args = args
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvctl", "store", *args, "--json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-            env={**os.environ, "KVCTL_STORE_NODE_TIMEOUT": "1.5", **(env or {})})
-        self.card = self._read_card()
-
-    def _read_card(self) -> dict[str, object]:
-        assert self.proc.stdout is not None
-        text = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline().decode()
-            if not line:
-                err = self.proc.stderr.read().decode() if self.proc.stderr else ""
-                pytest.fail(f"kvctl store {' '.join(self.args)} exited: {err}")
-            text += line
-            try:
-                card: dict[str, object] = json.loads(text)
-                return card
-            except ValueError:
-                continue
-        pytest.fail("no address card within 30 s")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-        _cleanup_shm(self.proc.pid)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        _cleanup_shm(self.proc.pid)
-
-
-def _cleanup_shm(pid: int) -> None:
-    # A SIGKILLed node cannot unlink its shared-memory segment.
-    for path in Path("/dev/shm").glob(f"kvctl-*-{pid}-*"):
-        path.unlink(missing_ok=True)
-
-
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
+def procs(tmp_path: Path) -> Iterator[Servers]:
+    yield from servers(tmp_path)
 
 
-def _start(procs: list[Proc], *args: str) -> Proc:
-    proc = Proc(*args)
-    procs.append(proc)
-    return proc
-
-
-def test_sigkill_node_mid_workload_fails_over(procs: list[Proc]) -> None:
-    master = _start(procs, "master", "--listen", "127.0.0.1:0")
+def test_sigkill_node_mid_workload_fails_over(procs: Servers) -> None:
+    master = procs.start("master", "--listen", "127.0.0.1:0")
     address = str(master.card["master"])
-    a = _start(procs, "node", "--master", address, "--node-id", "a", "--capacity", "64MiB")
-    _start(procs, "node", "--master", address, "--node-id", "b", "--capacity", "64MiB")
+    a = procs.start("node", "--master", address, "--node-id", "a", "--capacity", "64MiB")
+    procs.start("node", "--master", address, "--node-id", "b", "--capacity", "64MiB")
     values = {f"k{i}": os.urandom(64 * 1024 + i) for i in range(40)}
     with StoreClient(address, replicas=2, transport="tcp") as client:
         wait_for(lambda: len(client.status().nodes) == 2, what="two nodes")
@@ -123,8 +61,8 @@ def test_sigkill_node_mid_workload_fails_over(procs: list[Proc]) -> None:
             assert single.get("k39") == values["k39"]
 
 
-def test_client_in_another_process_sees_puts(procs: list[Proc], tmp_path: Path) -> None:
-    master = _start(procs, "serve", "--listen", "127.0.0.1:0", "--capacity", "32MiB")
+def test_client_in_another_process_sees_puts(procs: Servers, tmp_path: Path) -> None:
+    master = procs.start("serve", "--listen", "127.0.0.1:0", "--capacity", "32MiB")
     address = str(master.card["master"])
     data = os.urandom(1 << 20)
     with StoreClient(address) as client:
@@ -140,12 +78,12 @@ def test_client_in_another_process_sees_puts(procs: list[Proc], tmp_path: Path) 
     assert b"is not in the store" in r.stderr
 
 
-def test_master_restart_keeps_objects(procs: list[Proc], tmp_path: Path) -> None:
+def test_master_restart_keeps_objects(procs: Servers, tmp_path: Path) -> None:
     port = free_port()
     state = tmp_path / "master-state"
-    master = _start(procs, "master", "--listen", f"127.0.0.1:{port}", "--state", str(state))
+    master = procs.start("master", "--listen", f"127.0.0.1:{port}", "--state", str(state))
     address = str(master.card["master"])
-    _start(procs, "node", "--master", address, "--node-id", "a", "--capacity", "32MiB")
+    procs.start("node", "--master", address, "--node-id", "a", "--capacity", "32MiB")
     values = {f"k{i}": os.urandom(10_000 + i) for i in range(10)}
     with StoreClient(address) as client:
         wait_for(lambda: len(client.status().nodes) == 1, what="node")
@@ -155,7 +93,7 @@ def test_master_restart_keeps_objects(procs: list[Proc], tmp_path: Path) -> None
         wait_for(lambda: client.exists("k8"), what="commit of k8")
     master.kill()
     procs.remove(master)
-    _start(procs, "master", "--listen", f"127.0.0.1:{port}", "--state", str(state))
+    procs.start("master", "--listen", f"127.0.0.1:{port}", "--state", str(state))
     with StoreClient(address) as client:
         assert client.exists("k0")
         # The node reconnects by itself and its objects are adopted, not lost.

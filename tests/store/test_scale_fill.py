@@ -7,11 +7,8 @@ its servers as processes, as in production.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,60 +18,21 @@ import pytest
 from kvctl.store.client import StoreClient
 from tests.fixtures.servers import free_port
 from tests.store.conftest import wait_for
+from tests.store.procs import NODE_TIMEOUT_S, Servers, StoreProc, servers
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-NODE_TIMEOUT_S = 1.5
 MILLION = 1_000_000
 
 
-class Proc:
-    """``python -m kvctl store ... --json`` (logs to a file, never a pipe that fills)."""
-
-    def __init__(self, log: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.log = log
-        with log.open("ab") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kvctl", "store", *args, "--json"],
-                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                env={**os.environ, "KVCTL_STORE_NODE_TIMEOUT": str(NODE_TIMEOUT_S),
-                     **(env or {})})
-        assert self.proc.stdout is not None
-        text = ""
-        deadline = time.monotonic() + 600  # a restore of millions of objects comes first
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline().decode()
-            if not line:
-                pytest.fail(f"kvctl store {args[0]} exited: {log.read_text()[-2000:]}")
-            text += line
-            try:
-                self.card = json.loads(text)
-                return
-            except ValueError:
-                continue
-        pytest.fail("no address card")
-
-    def signal(self, sig: int) -> None:
-        self.proc.send_signal(sig)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        for path in Path("/dev/shm").glob(f"kvctl-*-{self.proc.pid}-*"):
-            path.unlink(missing_ok=True)
+def _server(log: Path, *args: str, env: dict[str, str] | None = None) -> StoreProc:
+    # a restore of millions of objects comes before the card, and a stop may flush them
+    return StoreProc(log, *args, env=env, card_within_s=600, stop_within_s=60)
 
 
 @pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for proc in reversed(started):
-        proc.stop()
+def procs(tmp_path: Path) -> Iterator[Servers]:
+    yield from servers(tmp_path)
 
 
 def fill(client: StoreClient, n: int, prefix: str = "fill/") -> list[str]:
@@ -93,11 +51,11 @@ def missing(client: StoreClient, keys: list[str]) -> int:
 
 
 def test_a_million_objects_survive_a_stop_longer_than_the_node_timeout(
-        procs: list[Proc], tmp_path: Path) -> None:
+        procs: Servers, tmp_path: Path) -> None:
     """``kvctl store serve`` (master and node in one process, like the report that lost
     ~2x10^6 objects to a 2.96 s GC pause) holds a million objects; the whole process is
     stopped for three node timeouts and continued: its node is never dropped, 0 lost."""
-    serve = Proc(tmp_path / "serve.log", "serve", "--listen", f"127.0.0.1:{free_port()}",
+    serve = _server(tmp_path / "serve.log", "serve", "--listen", f"127.0.0.1:{free_port()}",
                  "--capacity", "2GiB")
     procs.append(serve)
     address = str(serve.card["master"])
@@ -116,17 +74,17 @@ def test_a_million_objects_survive_a_stop_longer_than_the_node_timeout(
 
 
 def test_a_million_objects_restart_from_the_journal_with_none_lost(
-        procs: list[Proc], tmp_path: Path) -> None:
+        procs: Servers, tmp_path: Path) -> None:
     """The master SIGKILLed with a million objects and restarted on its port: the restore
     takes longer than the node timeout, the node (which kept running) is re-adopted with
     every object (the old master lost 500,000 of 500,000 this way)."""
     port = free_port()
     state = tmp_path / "state"
-    master = Proc(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
+    master = _server(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
                   "--state", str(state))
     procs.append(master)
     address = str(master.card["master"])
-    procs.append(Proc(tmp_path / "node.log", "node", "--master", address, "--node-id", "a",
+    procs.append(_server(tmp_path / "node.log", "node", "--master", address, "--node-id", "a",
                       "--capacity", "2GiB"))
     with StoreClient(address, transport="tcp", timeout_s=120) as client:
         wait_for(lambda: len(client.status().nodes) == 1, what="node")
@@ -135,7 +93,7 @@ def test_a_million_objects_restart_from_the_journal_with_none_lost(
     master.proc.wait(30)
     procs.remove(master)
     started = time.monotonic()
-    restarted = Proc(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
+    restarted = _server(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
                      "--state", str(state))
     procs.append(restarted)
     with StoreClient(address, transport="tcp", timeout_s=120) as client:
@@ -149,17 +107,17 @@ def test_a_million_objects_restart_from_the_journal_with_none_lost(
         assert client.get(keys[999_999]) == b"x" * 1024
 
 
-def test_etcd_state_fill_and_restart_lose_nothing(procs: list[Proc], tmp_path: Path,
+def test_etcd_state_fill_and_restart_lose_nothing(procs: Servers, tmp_path: Path,
                                                   etcd_url: str) -> None:
     """200,000 objects with etcd state and the client's default batching: the node is
     never suspect, the master restarts from etcd (paged loading) with every object."""
     port = free_port()
     env = {"KVCTL_CLUSTER_ID": f"slow-{os.getpid()}-{port}"}
-    master = Proc(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
+    master = _server(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
                   "--state", etcd_url, env=env)
     procs.append(master)
     address = str(master.card["master"])
-    procs.append(Proc(tmp_path / "node.log", "node", "--master", address, "--node-id", "a",
+    procs.append(_server(tmp_path / "node.log", "node", "--master", address, "--node-id", "a",
                       "--capacity", "512MiB"))
     n = 200_000
     with StoreClient(address, transport="tcp", timeout_s=120) as client:
@@ -172,7 +130,7 @@ def test_etcd_state_fill_and_restart_lose_nothing(procs: list[Proc], tmp_path: P
     master.proc.wait(30)
     procs.remove(master)
     started = time.monotonic()
-    procs.append(Proc(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
+    procs.append(_server(tmp_path / "master.log", "master", "--listen", f"127.0.0.1:{port}",
                       "--state", etcd_url, env=env))
     with StoreClient(address, transport="tcp", timeout_s=120) as client:
         wait_for(lambda: [s.alive for s in client.status().nodes] == [True], timeout_s=120,
