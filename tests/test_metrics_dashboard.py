@@ -47,8 +47,9 @@ def test_the_extractor_finds_names_and_nothing_else() -> None:
 
 
 @pytest.fixture(scope="module")
-def exported() -> frozenset[str]:
-    """Every sample name kvctl's servers export, from their own registries."""
+def exported(tmp_path_factory: pytest.TempPathFactory) -> frozenset[str]:
+    """Every sample name kvctl's servers export, from their own registries (the store's
+    with a shared tier, whose metrics a master without one does not export)."""
     from kvctl.cluster.agent import Agent
     from kvctl.cluster.protocol import HostRecord
     from kvctl.store.embedded import EmbeddedStore
@@ -58,7 +59,8 @@ def exported() -> frozenset[str]:
     from kvctl.transfer.metadata.server import MetadataServer
 
     names: set[str] = set()
-    settings = StoreSettings(listen="127.0.0.1:0", capacity=4 << 20, metrics_port=0)
+    settings = StoreSettings(listen="127.0.0.1:0", capacity=4 << 20, metrics_port=0,
+                             shared_tier=tmp_path_factory.mktemp("dashboard") / "tier")
     with EmbeddedStore(settings) as store:
         assert store.server.metrics is not None
         names |= store.server.metrics.names()

@@ -142,18 +142,30 @@ def serve(
     state: StateOpt = None,
     metrics_port: MetricsPortOpt = None,
     tenant: TenantOpt = None,
+    shared_tier: SharedTierOpt = None,
+    shared_tier_policy: SharedPolicyOpt = None,
+    shared_tier_capacity: SharedCapacityOpt = None,
+    shared_tier_files: SharedFilesOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a master and one storage node in this process until SIGINT/SIGTERM.
 
     Clients on this host find it without --master (discovery file, else 127.0.0.1:50051).
 
+    Shared tier: --shared-tier DIR (and --shared-tier-policy, -capacity, -files) as for
+    'kvctl store master': evicted (or, write-through, just put) objects are kept as files
+    there, read by clients directly. See docs/store.md, "Shared tier".
+
     Example: kvctl store serve --capacity 2GiB --ssd /mnt/nvme/kvctl
+    Example: kvctl store serve --shared-tier /mnt/3fs/kvctl --shared-tier-policy write-through
     """
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, listen=listen, capacity=capacity, ssd=ssd,
                              ssd_policy=ssd_policy, state=state, metrics_port=metrics_port,
-                             tenants=tenant or None)
+                             tenants=tenant or None, shared_tier=shared_tier,
+                             shared_tier_policy=shared_tier_policy,
+                             shared_tier_capacity=shared_tier_capacity,
+                             shared_tier_files=shared_tier_files)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     _warn_inline_tokens(out, tenant)
@@ -165,7 +177,9 @@ def serve(
                    "ssd_policy": store.node.ssd_policy, "state": settings.state,
                    "auth": common.token is not None,
                    "tenants": [t.name for t in store.server.tenants],
-                   "metrics": metrics_url(store.server)}
+                   "metrics": metrics_url(store.server),
+                   "shared_tier": shared.root if shared else None,
+                   "shared_tier_policy": shared.policy if shared else None}
         if json_:
             out.emit_json("store.serve", payload)
         else:

@@ -4,9 +4,11 @@ Request counts and latencies are recorded per message (:func:`count_request`): a
 outcome says whether it found its keys (hit, miss, evicted), bytes are the objects' payload
 sizes (the bytes move between clients and nodes, the master only places them), and a node's
 heartbeat, a long poll, is timed apart from the requests. Capacity, usage, objects per tier,
-nodes by state, evictions, the state backend's backlog and the master's own pauses are read
-at scrape time, from counters kept as things change (a scrape costs O(nodes), whatever the
-number of objects). ``docs/metrics.md`` lists them all.
+nodes by state, evictions, the state backend's backlog, the master's own pauses and, with a
+shared tier, what ``kvctl store status`` shows of it (usage and quotas, purge backlog,
+writes, errors by errno, write-through queues) are read at scrape time, from counters kept
+as things change (a scrape costs O(nodes), whatever the number of objects).
+``docs/metrics.md`` lists them all.
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def master_metrics(core: MasterCore) -> ServerMetrics:
     fam = metrics.families
 
     def collect() -> Iterable[Any]:
-        status = core.status()
+        with core._lock:  # one snapshot: the status and the tier's write-through queues
+            status = core.status()
+            queued = _write_through_queued(core)
         gauge = fam.GaugeMetricFamily
         counter = fam.CounterMetricFamily
         yield gauge(f"{NAMESPACE}_capacity_bytes", "DRAM capacity of live nodes, bytes.",
@@ -127,6 +131,8 @@ def master_metrics(core: MasterCore) -> ServerMetrics:
                             labels=["tier"])
         evictions.add_metric(["dram"], status.evictions)
         evictions.add_metric(["ssd"], status.ssd_evictions)
+        if status.shared is not None:
+            evictions.add_metric(["shared"], status.shared.evictions)
         yield evictions
         yield counter(f"{NAMESPACE}_lost_objects", "Objects lost with their last replica.",
                       value=status.lost)
@@ -148,9 +154,83 @@ def master_metrics(core: MasterCore) -> ServerMetrics:
             used.add_metric([n.node_id, "dram"], n.used_bytes)
             used.add_metric([n.node_id, "ssd"], n.ssd_used_bytes)
         yield used
+        if status.shared is not None and queued is not None:
+            yield from _shared_tier(fam, status.shared, queued)
 
     metrics.add_collector(collect)
     return metrics
+
+
+def _write_through_queued(core: MasterCore) -> tuple[int, int, int] | None:
+    """The shared tier's write-through copies queued or running on nodes (count, bytes)
+    and those skipped so far because a node's queue was full; ``None`` without a tier
+    (the master's lock held: the tier's tables are read as they are)."""
+    st = core._shared
+    if st is None:
+        return None
+    return (sum(count for count, _ in st.queued.values()),
+            sum(nbytes for _, nbytes in st.queued.values()), st.skipped)
+
+
+#: ``kvctl_store_shared_tier_*`` read from :class:`~kvctl.store.protocol.SharedTierStatus`:
+#: its field -> (metric, ``gauge`` or ``counter``, help). The tier's other fields: ``errors``
+#: (``errors_total{errno}``), ``state`` (``full``), ``evictions``
+#: (``kvctl_store_evictions_total{tier="shared"}``), and the text ``root``, ``policy``,
+#: ``last_error`` (:data:`SHARED_TIER_TEXT`).
+SHARED_TIER_NUMBERS: dict[str, tuple[str, str, str]] = {
+    "used_bytes": ("used_bytes", "gauge", "Bytes of files in the shared tier (headers "
+                   "included)."),
+    "capacity_bytes": ("capacity_bytes", "gauge", "The shared tier's quota in bytes "
+                       "(--shared-tier-capacity); least recently used copies are evicted "
+                       "past it."),
+    "files": ("files", "gauge", "Files in the shared tier (one per object copy)."),
+    "max_files": ("max_files", "gauge", "The shared tier's quota in files "
+                  "(--shared-tier-files)."),
+    "purge_backlog": ("purge_backlog", "gauge", "Shared-tier files waiting to be deleted "
+                      "(evicted, removed, replaced or found orphaned)."),
+    "writes": ("writes", "counter", "Files written to the shared tier (renamed into "
+               "place)."),
+    "write_errors": ("write_errors", "counter", "Shared-tier writes that failed."),
+    "purged": ("purged", "counter", "Shared-tier files deleted (evicted, removed, replaced, "
+               "orphaned)."),
+    "fs_free_bytes": ("fs_free_bytes", "gauge", "Free bytes of the file system under the "
+                      "shared tier (statvfs, every 5 s)."),
+    "fs_total_bytes": ("fs_size_bytes", "gauge", "Size of the file system under the shared "
+                       "tier (statvfs, every 5 s)."),
+}
+SHARED_TIER_TEXT = ("root", "policy", "last_error")
+#: statvfs figures: -1 (not exported) until the housekeeping's first statvfs.
+_FS_FIELDS = ("fs_free_bytes", "fs_total_bytes")
+
+
+def _shared_tier(fam: Any, sh: p.SharedTierStatus, queued: tuple[int, int, int]
+                 ) -> Iterable[Any]:
+    """``kvctl_store_shared_tier_*``: what ``kvctl store status`` shows of the tier, and
+    its write-through queues (exported only by a master with a shared tier)."""
+    from kvctl.store.sharedtier.fileformat import COUNTED_ERRNOS
+
+    gauge, counter = fam.GaugeMetricFamily, fam.CounterMetricFamily
+    ns = f"{NAMESPACE}_shared_tier"
+    for field, (name, kind, text) in SHARED_TIER_NUMBERS.items():
+        value = getattr(sh, field)
+        if field in _FS_FIELDS and value < 0:
+            continue
+        yield (gauge if kind == "gauge" else counter)(f"{ns}_{name}", text, value=value)
+    yield gauge(f"{ns}_full", "1 while shared-tier writes are paused because the file "
+                "system refused one for lack of space, else 0.",
+                value=1 if sh.state == "full" else 0)
+    yield gauge(f"{ns}_write_through_queued", "Write-through copies queued or running on "
+                "the nodes.", value=queued[0])
+    yield gauge(f"{ns}_write_through_queued_bytes", "Bytes of the write-through copies "
+                "queued or running on the nodes.", value=queued[1])
+    yield counter(f"{ns}_write_through_skipped", "Write-through copies skipped because the "
+                  "node's queue was full (the object is copied on eviction instead).",
+                  value=queued[2])
+    errors = counter(f"{ns}_errors", "Shared-tier file-system failures (writes, deletes, "
+                     "the purge sweep) by errno name.", labels=["errno"])
+    for name in dict.fromkeys((*COUNTED_ERRNOS, "other", *sh.errors)):
+        errors.add_metric([name], sh.errors.get(name, 0))
+    yield errors
 
 
 def node_metrics(*, share: ServerMetrics | None = None) -> ServerMetrics:
