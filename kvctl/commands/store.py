@@ -171,6 +171,7 @@ def serve(
     _warn_inline_tokens(out, tenant)
     with stop_on_signal() as stop, EmbeddedStore(settings, token=common.token,
                                                  write_discovery=True) as store:
+        shared = store.server.core.status().shared  # the tier as the master resolved it
         payload = {"master": store.address, "node_id": store.node.node_id,
                    "capacity_bytes": store.node.capacity_bytes,
                    "ssd": store.node.ssd.directory if store.node.ssd else None,
@@ -186,9 +187,10 @@ def serve(
             # A sentence, not a bare address: scripts read --json's store.serve document.
             ssd_text = f"SSD {store.node.ssd_policy} in {store.node.ssd.directory}" if (
                 store.node.ssd) else "no SSD tier"
+            shared_text = f", shared tier {shared.policy} in {shared.root}" if shared else ""
             out.line(Text(f"store up: master {store.address}, node {store.node.node_id} with "
-                           f"{format_size(store.node.capacity_bytes)} DRAM, {ssd_text}; "
-                           "Ctrl-C stops it"))
+                           f"{format_size(store.node.capacity_bytes)} DRAM, {ssd_text}"
+                           f"{shared_text}; Ctrl-C stops it"))
             if payload["metrics"]:
                 out.info(f"metrics on {payload['metrics']}")
         wait_until(stop)
