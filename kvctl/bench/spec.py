@@ -285,11 +285,17 @@ def parse_rdma_pins(nic: str, gid_index: int | None) -> tuple[tuple[str, ...], i
     exist is the rdma transport's check, on the host that opens them).
 
     Raises:
-        UsageError: a malformed NIC or an index outside 0-255.
+        UsageError: a malformed NIC, an empty item (``--nic ,`` pins nothing: it would
+            quietly mean topo's ranking), or an index outside 0-255.
     """
     from kvctl.transfer.transports.rdma.devices import RdmaOptions
 
-    nics = tuple(dict.fromkeys(n.strip() for n in nic.split(",") if n.strip()))
+    items = [n.strip() for n in nic.split(",")] if nic.strip() else []
+    if "" in items:
+        raise UsageError(f"--nic {nic!r} has an empty item: it would pin no NIC",
+                         "name each NIC once, e.g. --nic mlx5_0,mlx5_1:1, or leave --nic out "
+                         "for topo's ranking")
+    nics = tuple(dict.fromkeys(items))
     try:
         RdmaOptions(nics=nics, gid_index=gid_index).check()
     except UsageError as exc:
