@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 
 from kvctl.errors import UsageError
 from kvctl.transfer.errors import SegmentNotFoundError
 from kvctl.transfer.metadata import MetadataClient, key_prefix
 from kvctl.transfer.segments import SHM_DIR, SegmentInfo, host_id
+from kvctl.transfer.shmfiles import pid_alive
 
 _log = logging.getLogger("kvctl.transfer")
 
@@ -66,17 +66,6 @@ class RemovedSegment:
     name: str
     key: str
     files_removed: tuple[str, ...]
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists on this host (one we may not signal counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_segment(metadata: MetadataClient, cluster_id: str, name: str) -> RemovedSegment:

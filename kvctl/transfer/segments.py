@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UnavailableError, UsageError
+from kvctl.transfer import shmfiles
 from kvctl.transfer.errors import BusyError, OutOfRangeError
 
 _log = logging.getLogger("kvctl.transfer")
@@ -492,15 +493,30 @@ def _sizes(size_bytes: int | Sequence[int]) -> list[int]:
     return sizes
 
 
+_swept: set[Path] = set()
+_swept_lock = threading.Lock()
+
+
+def _sweep_once(shm_dir: Path) -> None:
+    """Delete dead processes' segment files in ``shm_dir``, once per process and dir."""
+    with _swept_lock:
+        if shm_dir in _swept:
+            return
+        _swept.add(shm_dir)
+    shmfiles.sweep_dead(shm_dir)
+
+
 def create_shm_segment(name: str, size_bytes: int | Sequence[int], *,
                        location: str = "cpu:0", shm_dir: Path = SHM_DIR) -> LocalSegment:
     """Host DRAM in one new ``/dev/shm`` file, mapped shared; one buffer per size."""
     validate_name(name)
     sizes = _sizes(size_bytes)
     total = sum(sizes)
+    _sweep_once(shm_dir)
     path = shm_dir / f"kvctl-{name.replace(':', '_')}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        shmfiles.hold(fd)  # the mapping's duplicate descriptor keeps it: see shmfiles
     except OSError as exc:
         raise UnavailableError(
             f"cannot create shared memory file {path}: {exc.strerror}",
