@@ -516,12 +516,12 @@ def create_shm_segment(name: str, size_bytes: int | Sequence[int], *,
     path = shm_dir / f"kvctl-{name.replace(':', '_')}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        shmfiles.hold(fd)  # the mapping's duplicate descriptor keeps it: see shmfiles
     except OSError as exc:
         raise UnavailableError(
             f"cannot create shared memory file {path}: {exc.strerror}",
             f"check that {shm_dir} exists and has room (df -h {shm_dir})",
         ) from None
+    shmfiles.hold(fd)  # the mapping's duplicate descriptor keeps the lock: see shmfiles
     try:
         os.ftruncate(fd, total)
         mm = mmap.mmap(fd, total, mmap.MAP_SHARED | _POPULATE, mmap.PROT_READ | mmap.PROT_WRITE)

@@ -45,8 +45,13 @@ def pid_alive(pid: int) -> bool:
 
 def hold(fd: int) -> None:
     """Mark the file open on ``fd`` as owned by this process (a shared ``flock`` that
-    lasts as long as any descriptor of this open file, e.g. a mapping's duplicate)."""
-    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    lasts as long as any descriptor of this open file, e.g. a mapping's duplicate).
+    Best effort: on a file system without ``flock`` the pid in the name is all a sweep
+    has to go on."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        _log.debug("no flock on shared-memory file (fd %d): %s", fd, exc)
 
 
 def owner_pid(name: str) -> int | None:
