@@ -52,9 +52,13 @@ from tests.fixtures.nshosts import Host, HostNet  # noqa: E402
 
 PORT = 50071
 SIZES = (64 << 10, 1 << 20, 4 << 20)
+#: object size of the batched gets, and batch sizes measured by default
+BATCH_SIZE = 64 << 10
+BATCHES = (16, 64, 256)
 GOAL = 0.8
 
-#: host B: time gets of shared-only objects against plain preads of their files.
+#: host B: time gets of shared-only objects against plain preads of their files: one key per
+#: get, then batches of 64 KiB objects (one master round trip for N keys, then the files).
 GETS = r"""
 import json, os, sys, time
 from kvctl.store import protocol as p
@@ -62,13 +66,28 @@ from kvctl.store.client import StoreClient
 from kvctl.store.sharedtier.fileformat import file_name
 master, root, rounds, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 sizes = [int(s) for s in sys.argv[5].split(",")]
-out = {}
+batches, brounds = [int(s) for s in sys.argv[6].split(",") if s], int(sys.argv[7])
+BATCH_SIZE = 64 << 10
+
+
+def files(c, keys):
+    infos = [c.stat(k) for k in keys]
+    assert all("shared" in i.tier for i in infos), [i.tier for i in infos]
+    paths = [os.path.join(root, file_name(k, i.version)) for k, i in zip(keys, infos)]
+    return infos, paths
+
+
+def bare(path, size):  # the file system's bound: open, one pread of the whole file, close
+    fd = os.open(path, os.O_RDONLY); raw = os.pread(fd, size + 4200, 0); os.close(fd)
+    return raw
+
+
+out = {"single": {}, "batch": {}, "load": os.getloadavg()}
 with StoreClient(master, lease=False) as c:
+    threads = getattr(c.shared, "threads", 1)
     for size in sizes:
         keys = [f"g{size}-{i}" for i in range(count)]
-        infos = [c.stat(k) for k in keys]
-        assert all("shared" in i.tier for i in infos), [i.tier for i in infos]
-        paths = [os.path.join(root, file_name(k, i.version)) for k, i in zip(keys, infos)]
+        infos, paths = files(c, keys)
         slots = [p.GetSlot(key=k, size=i.size, checksum=i.checksum, version=i.version,
                            locations=[], shared=path) for k, i, path in zip(keys, infos, paths)]
         get, pread, fileonly, into, preadv = [], [], [], [], []
@@ -77,8 +96,7 @@ with StoreClient(master, lease=False) as c:
             for k, path, slot in zip(keys, paths, slots):
                 t = time.perf_counter(); data = c.get(k); get.append(time.perf_counter() - t)
                 assert len(data) == size
-                t = time.perf_counter()
-                fd = os.open(path, os.O_RDONLY); raw = os.pread(fd, size + 4200, 0); os.close(fd)
+                t = time.perf_counter(); raw = bare(path, size)
                 pread.append(time.perf_counter() - t)
                 assert len(raw) > size
                 t = time.perf_counter(); got = c.shared.read(k, slot, None)
@@ -91,8 +109,38 @@ with StoreClient(master, lease=False) as c:
                 fd = os.open(path, os.O_RDONLY); n = os.preadv(fd, [view], 0); os.close(fd)
                 preadv.append(time.perf_counter() - t)
                 assert n > size
-        out[size] = {"get_s": get, "pread_s": pread, "file_read_s": fileonly,
-                     "get_into_s": into, "preadv_s": preadv}
+        out["single"][size] = {"get_s": get, "pread_s": pread, "file_read_s": fileonly,
+                               "get_into_s": into, "preadv_s": preadv}
+    if batches:
+        keys = [f"b{i}" for i in range(max(batches))]
+        _, paths = files(c, keys)
+        arena = bytearray(BATCH_SIZE * len(keys)); whole = memoryview(arena)
+        views = [whole[i * BATCH_SIZE:(i + 1) * BATCH_SIZE] for i in range(len(keys))]
+        for n in batches:
+            seen = {m: [] for m in ("batch_get_s", "batch_get_1thread_s", "pread_loop_s",
+                                    "batch_get_into_s", "preadv_loop_s")}
+            for _ in range(brounds):  # per object, interleaved
+                t = time.perf_counter(); got = c.batch_get(keys[:n])
+                seen["batch_get_s"].append((time.perf_counter() - t) / n)
+                assert all(isinstance(g, bytes) and len(g) == BATCH_SIZE for g in got)
+                t = time.perf_counter()
+                for path in paths[:n]:
+                    bare(path, BATCH_SIZE)
+                seen["pread_loop_s"].append((time.perf_counter() - t) / n)
+                c.shared.threads = 1
+                t = time.perf_counter(); got = c.batch_get(keys[:n])
+                seen["batch_get_1thread_s"].append((time.perf_counter() - t) / n)
+                c.shared.threads = threads
+                t = time.perf_counter(); got = c.batch_get_into(keys[:n], views[:n])
+                seen["batch_get_into_s"].append((time.perf_counter() - t) / n)
+                assert got == [BATCH_SIZE] * n, got
+                t = time.perf_counter()
+                for path, v in zip(paths[:n], views[:n]):
+                    fd = os.open(path, os.O_RDONLY); os.preadv(fd, [v], 0); os.close(fd)
+                seen["preadv_loop_s"].append((time.perf_counter() - t) / n)
+            out["batch"][n] = seen
+    out["threads"] = threads
+    out["load_after"] = os.getloadavg()
 print(json.dumps(out))
 """
 
@@ -114,19 +162,24 @@ with StoreClient(master) as c:
 print(json.dumps(out))
 """
 
-#: host B: put the get objects, each waiting for its write-through copy (a burst past the
-#: node's queue of copies would skip some: they would be written at eviction instead).
+#: host B: put the get objects, 16 (at most 32 MiB) at a time, each group waiting for its
+#: write-through copies (a burst past the node's queue of copies would skip some: they
+#: would be written at eviction instead). argv: master, then (prefix, size, count) triples.
 FILL = r"""
 import os, sys, time
 from kvctl.store.client import StoreClient
-master, count = sys.argv[1], int(sys.argv[2])
-sizes = [int(s) for s in sys.argv[3].split(",")]
+master, groups = sys.argv[1], sys.argv[2:]
 with StoreClient(master) as c:
-    for size in sizes:
-        for i in range(count):
-            c.put(f"g{size}-{i}", os.urandom(size))
-            deadline = time.monotonic() + 30
-            while "shared" not in c.stat(f"g{size}-{i}").tier and time.monotonic() < deadline:
+    for g in range(0, len(groups), 3):
+        prefix, size, count = groups[g], int(groups[g + 1]), int(groups[g + 2])
+        step = max(1, min(16, (32 << 20) // size))
+        for start in range(0, count, step):
+            keys = [f"{prefix}{i}" for i in range(start, min(count, start + step))]
+            for k in keys:
+                c.put(k, os.urandom(size))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not all(
+                    "shared" in c.stat(k).tier for k in keys):
                 time.sleep(0.02)
 """
 
@@ -164,38 +217,51 @@ def _run_json(host: Host, script: str, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-def bench_gets(net: HostNet, dfs: Path, rounds: int, count: int) -> dict[int, dict[str, float]]:
+def bench_gets(net: HostNet, dfs: Path, rounds: int, count: int, batches: list[int],
+               batch_rounds: int) -> dict[str, Any]:
     a, b = net[0], net[1]
     master = f"{a.address}:{PORT}"
     tier = dfs / "get-tier"
     mproc = _master(a, tier, "write-through")
-    node = _node(a, "512MiB")
+    node = _node(a, "768MiB")
     try:
         _wait_alive(b, master, True)
-        sizes = ",".join(str(s) for s in SIZES)
-        done = b.run(["python3", "-c", FILL, master, str(count), sizes], timeout=600)
+        groups = [str(x) for size in SIZES for x in (f"g{size}-", size, count)]
+        if batches:
+            groups += ["b", str(BATCH_SIZE), str(max(batches))]
+        done = b.run(["python3", "-c", FILL, master, *groups], timeout=600)
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
         node.kill()  # only the shared tier holds them now
         node.wait(timeout=10)
         _wait_alive(b, master, False)
-        raw = _run_json(b, GETS, master, str(tier), str(rounds), str(count), sizes)
+        raw = _run_json(b, GETS, master, str(tier), str(rounds), str(count),
+                        ",".join(str(s) for s in SIZES), ",".join(str(n) for n in batches),
+                        str(batch_rounds))
     finally:
         stop(node)
         stop(mproc)
-    out: dict[int, dict[str, float]] = {}
+    single: dict[int, dict[str, float]] = {}
     for size in SIZES:
-        r = raw[str(size)]
+        r = raw["single"][str(size)]
         get, pread, fileonly, into, preadv = (statistics.median(r[k]) for k in (
             "get_s", "pread_s", "file_read_s", "get_into_s", "preadv_s"))
-        out[size] = {"get_ms": get * 1e3, "pread_ms": pread * 1e3, "file_read_ms":
-                     fileonly * 1e3, "get_vs_pread": pread / get,
-                     "get_into_ms": into * 1e3, "preadv_ms": preadv * 1e3,
-                     "get_into_vs_preadv": preadv / into,
-                     "file_read_vs_pread": pread / fileonly,
-                     "get_gbytes_per_s": size / get / 1e9,
-                     "pread_gbytes_per_s": size / pread / 1e9}
-    return out
+        single[size] = {"get_ms": get * 1e3, "pread_ms": pread * 1e3, "file_read_ms":
+                        fileonly * 1e3, "get_vs_pread": pread / get,
+                        "get_into_ms": into * 1e3, "preadv_ms": preadv * 1e3,
+                        "get_into_vs_preadv": preadv / into,
+                        "file_read_vs_pread": pread / fileonly,
+                        "get_gbytes_per_s": size / get / 1e9,
+                        "pread_gbytes_per_s": size / pread / 1e9}
+    batch: dict[int, dict[str, float]] = {}
+    for n in batches:
+        r = {k: statistics.median(v) for k, v in raw["batch"][str(n)].items()}
+        batch[n] = {k.removesuffix("_s") + "_us": v * 1e6 for k, v in r.items()}
+        batch[n]["batch_get_vs_pread"] = r["pread_loop_s"] / r["batch_get_s"]
+        batch[n]["batch_get_1thread_vs_pread"] = r["pread_loop_s"] / r["batch_get_1thread_s"]
+        batch[n]["batch_get_into_vs_preadv"] = r["preadv_loop_s"] / r["batch_get_into_s"]
+    return {"single": single, "batch": batch, "threads": raw["threads"],
+            "load": [raw["load"], raw["load_after"]]}
 
 
 def bench_puts(net: HostNet, dfs: Path, count: int, rounds: int
@@ -322,6 +388,11 @@ def main() -> int:
     ap.add_argument("--puts", type=int, default=200, help="1 MiB puts per mode (64 KiB: 4x)")
     ap.add_argument("--put-rounds", type=int, default=3,
                     help="interleaved rounds of the put modes (median shown)")
+    ap.add_argument("--batches", default=",".join(str(n) for n in BATCHES),
+                    help="keys per batched get of 64 KiB objects, comma-separated ('' none)")
+    ap.add_argument("--batch-rounds", type=int, default=20,
+                    help="batched gets per batch size and method (median shown)")
+    ap.add_argument("--no-puts", action="store_true", help="measure gets only")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     ap.add_argument("--index", type=int, metavar="N",
                     help="measure only the master's bytes per object for N objects")
@@ -350,16 +421,21 @@ def main() -> int:
         if args.out:
             args.out.write_text(json.dumps({"index": index}, indent=2))
         return 0
+    batches = [int(n) for n in args.batches.split(",") if n.strip()]
     with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory(
             prefix="kvctl-dfs-", dir="/var/tmp") as dfs, HostNet(
             2, Path(work), shared=Path(dfs)) as net:
         started = time.monotonic()
-        gets = bench_gets(net, Path(dfs), args.rounds, args.objects)
-        puts = bench_puts(net, Path(dfs), args.puts, args.put_rounds)
+        gets = bench_gets(net, Path(dfs), args.rounds, args.objects, batches,
+                          args.batch_rounds)
+        puts = {} if args.no_puts else bench_puts(net, Path(dfs), args.puts, args.put_rounds)
+    (before, _, _), (after, _, _) = gets["load"]
+    print(f"load average (1 min) on host B: {before:.2f} before the gets, {after:.2f} after;"
+          f" client read threads: {gets['threads']}\n")
     print("| get from another host | pread p50 | get p50 | get / pread | file read alone |"
           " preadv into a buffer | get_into | get_into / preadv | goal |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for size, g in gets.items():
+    for size, g in gets["single"].items():
         verdict = "met" if min(g["get_vs_pread"], g["get_into_vs_preadv"]) >= GOAL \
             else "missed"
         print(f"| {_size(size)} | {g['pread_ms']:.3f} ms | {g['get_ms']:.3f} ms | "
@@ -367,11 +443,26 @@ def main() -> int:
               f"({g['file_read_vs_pread']:.2f}x) | {g['preadv_ms']:.3f} ms | "
               f"{g['get_into_ms']:.3f} ms | {g['get_into_vs_preadv']:.2f}x | "
               f"{verdict} (>= {GOAL}x) |")
-    print()
-    print("| puts/s from another host (median of rounds) | 1 MiB | 64 KiB |")
-    print("|---|---|---|")
-    for name, by_size in puts.items():
-        print(f"| {name} | {by_size[1 << 20]:,.0f} | {by_size[64 << 10]:,.0f} |")
+    if gets["batch"]:
+        print()
+        print(f"| batched get of N x {_size(BATCH_SIZE)}, per object (p50 of rounds) | pread "
+              "loop | batch_get | / pread | batch_get, 1 thread | / pread | preadv loop | "
+              "batch_get_into | / preadv | goal |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for n, r in gets["batch"].items():
+            verdict = "met" if min(r["batch_get_vs_pread"], r["batch_get_into_vs_preadv"]) \
+                >= GOAL else "missed"
+            print(f"| N = {n} | {r['pread_loop_us']:.1f} us | {r['batch_get_us']:.1f} us | "
+                  f"{r['batch_get_vs_pread']:.2f}x | {r['batch_get_1thread_us']:.1f} us | "
+                  f"{r['batch_get_1thread_vs_pread']:.2f}x | {r['preadv_loop_us']:.1f} us | "
+                  f"{r['batch_get_into_us']:.1f} us | {r['batch_get_into_vs_preadv']:.2f}x | "
+                  f"{verdict} (>= {GOAL}x) |")
+    if puts:
+        print()
+        print("| puts/s from another host (median of rounds) | 1 MiB | 64 KiB |")
+        print("|---|---|---|")
+        for name, by_size in puts.items():
+            print(f"| {name} | {by_size[1 << 20]:,.0f} | {by_size[64 << 10]:,.0f} |")
     print(f"\n({time.monotonic() - started:.0f} s)")
     if args.out:
         args.out.write_text(json.dumps({"gets": gets, "puts": puts}, indent=2))

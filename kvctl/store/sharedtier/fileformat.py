@@ -35,6 +35,8 @@ from kvctl.store.checksum import checksum
 from kvctl.store.errors import StoreError
 
 HEADER = struct.Struct("<4sBxHQQQ8s")
+#: the header's fields a reader checks against the index (all but the writer's epoch)
+_CHECKED = struct.Struct("<4sBxHQQQ")
 MAGIC = b"KVST"
 FORMAT = 1
 SUFFIX = ".kvs"
@@ -42,6 +44,10 @@ SUFFIX = ".kvs"
 NAME_RE = re.compile(r"^([0-9a-f]{32})-([0-9a-f]{1,16})\.kvs$")
 #: errno names the master counts separately (the rest count as ``other``).
 COUNTED_ERRNOS = ("ENOSPC", "EDQUOT", "ESTALE", "EIO")
+#: how readers open tier files, and (one item) with ``O_NOATIME``, until the first ``EPERM``
+#: (a file this user neither owns nor may touch the times of)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_READ_FLAGS = [_OPEN_FLAGS | getattr(os, "O_NOATIME", 0)]
 
 
 class SharedMissError(StoreError):
@@ -87,65 +93,95 @@ def write_object(path: Path, key: str, version: int, data: memoryview, csum: int
         write_private_atomically(path, [head, data], fsync=fsync)
 
 
-def read_into(path: Path, key: str, version: int, csum: int, dest: memoryview) -> None:
-    """Fill ``dest`` (exactly the object's size) from ``key``'s file, verified.
+def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
+                dest: memoryview | None = None) -> bytes | None:
+    """The verified bytes of ``key``'s file at ``path`` (a single-object file): a new
+    ``bytes``, or with ``dest`` (exactly ``size`` bytes) ``None`` once they are in it.
 
-    One ``preadv`` reads the header, the bytes and one byte past them (a longer file is
-    not this object).
-
-    Raises:
-        SharedMissError: missing, torn, truncated, longer, another object, or the bytes
-            fail the checksum.
-    """
-    kb = key.encode("utf-8", "surrogatepass")
-    head = bytearray(HEADER.size + len(kb))
-    fd = _open(path, key)
-    try:
-        got = _preadv_all(fd, [memoryview(head), dest, memoryview(bytearray(1))], key)
-    finally:
-        os.close(fd)
-    _check(head, got - len(head), kb, key, version, csum, dest.nbytes)
-    if checksum(dest) != csum:
-        raise SharedMissError(f"shared-tier file of {key!r} fails its checksum", None)
-
-
-def read_bytes(path: Path, key: str, version: int, csum: int, size: int) -> bytes:
-    """The verified bytes of ``key``'s file (``size`` bytes), read into a new ``bytes``
-    (two ``pread`` calls: the header, then the data and one byte past it).
+    The system calls of a bare read: ``open``, one ``preadv`` of the header into scratch,
+    the bytes straight into ``dest`` and one byte past them into scratch (a longer file is
+    not this object), ``close``; for ``bytes`` a ``pread`` of the header and one of the
+    bytes and one past them, so the result is the object itself, not a slice copied out of
+    a larger read. No ``fstat``: a FIFO, directory or tty fails the read (``ESPIPE``,
+    ``EISDIR``) and any other non-regular file the header check. The header is compared
+    against the index's key, size, checksum and version, and the bytes against the checksum.
 
     Raises:
-        SharedMissError: as :func:`read_into`.
+        SharedMissError: missing, not a regular file, torn, truncated, longer, another
+            object or format, or the bytes fail the checksum.
     """
     kb = key.encode("utf-8", "surrogatepass")
+    hsize = HEADER.size + len(kb)
+    head = bytearray(hsize + 1)
     fd = _open(path, key)
     try:
-        head = os.pread(fd, HEADER.size + len(kb), 0)
-        data = os.pread(fd, size + 1, len(head)) if len(head) == HEADER.size + len(kb) else b""
-        if len(head) == HEADER.size + len(kb) and len(data) < size:
-            data += _pread_rest(fd, size + 1 - len(data), len(head) + len(data))
+        if dest is None:
+            got = os.preadv(fd, [memoryview(head)[:hsize]], 0)
+            data = os.pread(fd, size + 1, hsize) if got == hsize else b""
+            if got == hsize and len(data) < size:  # a short read (a signal, some FUSE)
+                data += _pread_rest(fd, size + 1 - len(data), hsize + len(data))
+            got += len(data)
+        else:
+            scratch = memoryview(head)
+            got = os.preadv(fd, [scratch[:hsize], dest, scratch[hsize:]], 0)
+            if got < hsize + size:  # a short read: the rest, or the end (torn under us)
+                got = _preadv_all(fd, [scratch[:hsize], dest, scratch[hsize:]], key)
     except OSError as exc:
         raise SharedMissError(f"shared-tier file of {key!r} cannot be read: "
                               f"{errno_name(exc)}", None) from None
     finally:
         os.close(fd)
-    _check(head, len(data), kb, key, version, csum, size)
-    if checksum(data) != csum:
+    if got != hsize + size:
+        what = "longer than its object" if got > hsize + size else "truncated"
+        raise SharedMissError(f"shared-tier file of {key!r} is {what}", None)
+    if head[:_CHECKED.size] != _CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version) \
+            or head[HEADER.size:hsize] != kb:
+        raise SharedMissError(f"shared-tier file of {key!r} has a header for another "
+                              "object (torn or reused)", None)
+    if checksum(data if dest is None else dest) != csum:
         raise SharedMissError(f"shared-tier file of {key!r} fails its checksum", None)
+    return data if dest is None else None
+
+
+def read_into(path: str | Path, key: str, version: int, csum: int, dest: memoryview) -> None:
+    """Fill ``dest`` (exactly the object's size) from ``key``'s file, verified
+    (:func:`read_object`).
+
+    Raises:
+        SharedMissError: as :func:`read_object`.
+    """
+    read_object(path, key, version, csum, dest.nbytes, dest)
+
+
+def read_bytes(path: str | Path, key: str, version: int, csum: int, size: int) -> bytes:
+    """The verified bytes of ``key``'s file (``size`` bytes) in a new ``bytes``
+    (:func:`read_object`).
+
+    Raises:
+        SharedMissError: as :func:`read_object`.
+    """
+    data = read_object(path, key, version, csum, size)
+    assert data is not None
     return data
 
 
 def _open(path: str | Path, key: str) -> int:
-    """A regular file's descriptor (a link, FIFO or device planted at the name is a miss:
-    ``O_NOFOLLOW``, and ``O_NONBLOCK`` so that opening a FIFO cannot hang)."""
+    """A descriptor of ``path``, regular file or not (a link planted at the name is a miss:
+    ``O_NOFOLLOW``;
+    ``O_NONBLOCK`` so that opening a FIFO cannot hang; ``O_NOATIME`` where this user may,
+    so a read writes no inode back to the file system)."""
+    flags = _READ_FLAGS[0]
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            return os.open(path, flags)
+        except PermissionError as exc:  # O_NOATIME on a file of another user: EPERM
+            if flags == _OPEN_FLAGS or exc.errno != errno.EPERM:
+                raise
+            _READ_FLAGS[0] = _OPEN_FLAGS
+            return os.open(path, _OPEN_FLAGS)
     except OSError as exc:
         raise SharedMissError(f"shared-tier file of {key!r} cannot be opened: "
                               f"{errno_name(exc)}", "it was evicted or purged") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise SharedMissError(f"shared-tier file of {key!r} is not a regular file", None)
-    return fd
 
 
 def _preadv_all(fd: int, views: list[memoryview], key: str) -> int:
@@ -183,19 +219,6 @@ def _pread_rest(fd: int, count: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def _check(head: bytes | bytearray, data_bytes: int, kb: bytes, key: str, version: int,
-           csum: int, size: int) -> None:
-    """The header names exactly this object and exactly ``size`` bytes follow it."""
-    if len(head) < HEADER.size + len(kb) or data_bytes != size:
-        what = "longer than its object" if data_bytes > size else "truncated"
-        raise SharedMissError(f"shared-tier file of {key!r} is {what}", None)
-    magic, fmt, key_len, fsize, fsum, fversion, _epoch = HEADER.unpack_from(head)
-    if magic != MAGIC or fmt != FORMAT or key_len != len(kb) or fsize != size or (
-            fsum != csum) or fversion != version or bytes(head[HEADER.size:]) != kb:
-        raise SharedMissError(f"shared-tier file of {key!r} has a header for another "
-                              "object (torn or reused)", None)
-
-
 def read_header(path: str | Path) -> tuple[str, int, int, int] | None:
     """``(key, version, size, checksum)`` from a file's header, ``None`` when it has no
     valid one (the purge sweep's view: it never reads object bytes)."""
@@ -204,7 +227,11 @@ def read_header(path: str | Path) -> tuple[str, int, int, int] | None:
     except SharedMissError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         head = os.pread(fd, HEADER.size + 4096 * 4, 0)
+    except OSError:
+        return None
     finally:
         os.close(fd)
     if len(head) < HEADER.size:
