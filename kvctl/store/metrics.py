@@ -125,6 +125,9 @@ def master_metrics(core: MasterCore) -> ServerMetrics:
         objects = gauge(f"{NAMESPACE}_objects", "Committed objects by tier.", labels=["tier"])
         for tier, count in status.tiers.items():
             objects.add_metric([tier], count)
+        if status.shared is not None and "shared" not in status.tiers:
+            # the index counts DRAM and SSD copies; the rest have only a shared-tier file
+            objects.add_metric(["shared"], max(0, status.objects - sum(status.tiers.values())))
         yield objects
         evictions = counter(f"{NAMESPACE}_evictions", "Evictions by tier (dram: a DRAM "
                             "replica dropped or moved to SSD; ssd: an SSD copy dropped).",
@@ -193,6 +196,12 @@ SHARED_TIER_NUMBERS: dict[str, tuple[str, str, str]] = {
     "write_errors": ("write_errors", "counter", "Shared-tier writes that failed."),
     "purged": ("purged", "counter", "Shared-tier files deleted (evicted, removed, replaced, "
                "orphaned)."),
+    "reports": ("reports", "counter", "Shared-tier files clients reported bad (the master "
+                "checks each itself)."),
+    "reports_dropped": ("reports_dropped", "counter", "Bad-file reports not taken (the check "
+                        "queue was full, or the file was queued or verified good lately)."),
+    "bad_files": ("bad_files", "counter", "Reported shared-tier files the master found bad "
+                  "itself and dropped from the index."),
     "fs_free_bytes": ("fs_free_bytes", "gauge", "Free bytes of the file system under the "
                       "shared tier (statvfs, every 5 s)."),
     "fs_total_bytes": ("fs_size_bytes", "gauge", "Size of the file system under the shared "

@@ -77,6 +77,7 @@ def test_no_shared_tier_no_tier_metrics() -> None:
         names = scrape(str(metrics_url(store.server)))
     assert not [n for n in names if n.startswith(NS)]
     assert 'kvctl_store_evictions_total{tier="shared"}' not in names
+    assert 'kvctl_store_objects{tier="shared"}' not in names
 
 
 def test_metrics_follow_writes_quota_evictions_and_purges(tmp_path: Path) -> None:
@@ -203,7 +204,8 @@ def _serve(*args: str, runtime: Path) -> subprocess.Popen[bytes]:
 def test_store_serve_shared_tier_writes_through_and_reads_the_file(tmp_path: Path) -> None:
     root = tmp_path / "dfs"
     proc = _serve("--capacity", "4MiB", "--shared-tier", str(root), "--shared-tier-policy",
-                  "write-through", "--shared-tier-files", "100", runtime=tmp_path)
+                  "write-through", "--shared-tier-files", "100", "--metrics-port", "0",
+                  runtime=tmp_path)
     try:
         card = read_json_doc(proc)
         assert validate_document(card) == "store.serve"
@@ -220,8 +222,15 @@ def test_store_serve_shared_tier_writes_through_and_reads_the_file(tmp_path: Pat
                 client.put(f"fill-{i}", os.urandom(MiB))
             wait_for(lambda: client.stat("keep").tier == "shared", what="DRAM copy gone")
             assert client.stat("keep").replicas == []
+            scraped = scrape(card["metrics"])
+            only_files = [k for k in ("keep", *(f"fill-{i}" for i in range(6)))
+                          if client.stat(k).tier == "shared"]
+            assert "keep" in only_files
+            assert scraped['kvctl_store_objects{tier="shared"}'] == len(only_files)
+            # every object gets its write-through copy (the last ones a moment later)
+            wait_for(lambda: scrape(card["metrics"])[f"{NS}_files"] == 7, what="7 copies")
+            assert scraped[f"{NS}_max_files"] == 100
             assert client.get("keep") == keep  # only the file holds it now
-            assert client.status().shared.max_files == 100  # type: ignore[union-attr]
             # and it is the file that answered: damaged, the object is a miss
             with path.open("r+b") as f:
                 f.seek(-1, os.SEEK_END)
