@@ -25,7 +25,7 @@ from kvctl.store.server import MasterServer
 from kvctl.store.settings import DEFAULT_MASTER, DEFAULT_PORT, StoreSettings
 from kvctl.store.state import open_state
 from kvctl.store.tenants import check_admin_token, parse_tenants
-from kvctl.transfer.admin import pid_alive
+from kvctl.transfer.shmfiles import pid_alive
 
 if TYPE_CHECKING:
     from kvctl.metrics import ServerMetrics
