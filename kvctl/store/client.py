@@ -147,6 +147,8 @@ class StoreClient:
         self._recall = Recall()
         #: reads objects from the master's shared tier (kvctl.store.sharedtier)
         self.shared = SharedReader(parse_map(shared_map))
+        #: shared-tier files found bad, reported after the get (:meth:`_read_shared`)
+        self._shared_bad: list[tuple[str, int]] = []
         self._arenas = Arenas(reserve_bytes, replicas, self._reserve, self._end_arena)
         self._closed = False
 
@@ -634,6 +636,8 @@ class StoreClient:
                 flush = len(self._releases) >= p.MAX_BATCH
             if flush:
                 self._flush_releases()
+        if self._shared_bad:
+            self._report_shared_bad()
         return out
 
     def _answered(self, keys: list[str], dests: list[memoryview] | None, reply: p.GetReply,
@@ -657,7 +661,7 @@ class StoreClient:
                 out[i] = 0 if dests is not None else b""
             elif not slot.locations and slot.shared:  # only in the shared tier: read it here
                 slots[i] = slot  # (its lease is released like any other)
-                out[i] = self.shared.read(keys[i], slot, dests[i] if dests else None)
+                out[i] = self._read_shared(keys[i], slot, dests[i] if dests else None)
             else:
                 slots[i] = slot
                 sent = attached.get(i)
@@ -795,6 +799,26 @@ class StoreClient:
                 self._data.release(stage, temp)
         return found
 
+    def _read_shared(self, key: str, slot: p.GetSlot, dest: memoryview | None
+                     ) -> bytes | int | KvctlError:
+        """``slot``'s shared-tier copy (:meth:`SharedReader.read`); a miss is remembered,
+        for the master to check the file and stop naming it if it is bad."""
+        got = self.shared.read(key, slot, dest)
+        if isinstance(got, KvctlError):
+            with self._releases_lock:
+                self._shared_bad.append((slot.key, slot.version))
+        return got
+
+    def _report_shared_bad(self) -> None:
+        """Send the bad files found (no reply; best effort: the master checks them)."""
+        with self._releases_lock:
+            bad, self._shared_bad = self._shared_bad[:p.MAX_BATCH], self._shared_bad[
+                p.MAX_BATCH:]
+        if not bad:
+            return
+        with contextlib.suppress(KvctlError), self._pool.connection() as conn:
+            conn.send(p.SharedBad(keys=[k for k, _ in bad], versions=[v for _, v in bad]))
+
     def _flush_releases(self) -> None:
         keys, versions = self._take_releases()
         if keys:
@@ -806,7 +830,7 @@ class StoreClient:
         """Every DRAM replica failed: the shared-tier copy if there is one, else the
         error."""
         if slot.shared and not slot.pending:
-            got = self.shared.read(key, slot, dests[i] if dests else None)
+            got = self._read_shared(key, slot, dests[i] if dests else None)
             if not isinstance(got, KvctlError):
                 return got
             causes.append(f"shared tier: {got.cause}")

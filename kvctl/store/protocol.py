@@ -200,7 +200,8 @@ class SharedTierStatus(Struct, frozen=True):
     purged: int = 0
     #: files waiting to be deleted (evicted, removed, or found orphaned)
     purge_backlog: int = 0
-    #: failures by errno name (ENOSPC, EDQUOT, ESTALE, EIO, other)
+    #: failures by errno name (ENOSPC, EDQUOT, ESTALE, EIO, other), and reported files found
+    #: bad (ENOENT: missing, corrupt: torn, truncated, flipped or foreign)
     errors: dict[str, int] = msgspec.field(default_factory=dict)
     #: ``ok`` or ``full`` (a write was refused for lack of space: writes paused a while)
     state: str = "ok"
@@ -208,6 +209,13 @@ class SharedTierStatus(Struct, frozen=True):
     #: the file system's free and total bytes (statvfs), -1 when unknown
     fs_free_bytes: int = -1
     fs_total_bytes: int = -1
+    #: files clients reported bad / reports not taken (the verification queue was full,
+    #: or the file was verified good a moment ago) / reported files the master found bad
+    #: itself and dropped from the index (counted in ``errors`` as ``ENOENT`` or
+    #: ``corrupt`` too)
+    reports: int = 0
+    reports_dropped: int = 0
+    bad_files: int = 0
 
 
 
@@ -326,6 +334,16 @@ class Release(Struct, frozen=True, tag="release"):
     versions: list[int]
 
 
+class SharedBad(Struct, frozen=True, tag="shared_bad"):
+    """Shared-tier files a client found bad (torn, truncated, flipped, missing): ``keys``
+    at ``versions``, as get answers named them (no reply). Best effort: the master reads
+    each file itself and drops its index entry only if it is bad
+    (:mod:`kvctl.store.sharedtier.reports`)."""
+
+    keys: list[str]
+    versions: list[int]
+
+
 class Exists(Struct, frozen=True, tag="exists"):
     keys: list[str]
 
@@ -387,7 +405,7 @@ class Heartbeat(Struct, frozen=True, tag="heartbeat"):
 
 Request = (
     Login | Put | Commit | Get | Release | Exists | Remove | ListKeys | Stat | Pin | Status | Nodes
-    | RegisterNode | Heartbeat | Reserve | PutAt | DropNode
+    | RegisterNode | Heartbeat | Reserve | PutAt | DropNode | SharedBad
 )
 
 

@@ -288,7 +288,7 @@ class MasterServer:
                 reply = p.Fail(error=p.ErrorInfo(code="internal", cause=f"master failed on "
                                                  f"{type(msg).__name__}",
                                                  hint="see the master's log"))
-                if isinstance(msg, p.Release) or (
+                if isinstance(msg, p.Release | p.SharedBad) or (
                         isinstance(msg, p.Commit | p.PutAt) and not msg.ack):
                     reply = None  # these never get a reply: one now would shift every later one
             if self.metrics is not None:
@@ -309,8 +309,8 @@ class MasterServer:
         why = self._leadership()
         if why is None:
             return False
-        if not (isinstance(msg, p.Release) or (isinstance(msg, p.Commit | p.PutAt)
-                                               and not msg.ack)):
+        if not (isinstance(msg, p.Release | p.SharedBad) or (
+                isinstance(msg, p.Commit | p.PutAt) and not msg.ack)):
             codec.send(conn, p.Fail(error=p.ErrorInfo(
                 code="not_leader", cause=f"this store master no longer leads: {why}",
                 hint="the client moves to the new leader when given every master "
@@ -373,6 +373,10 @@ class MasterServer:
         if isinstance(msg, p.RegisterNode | p.Heartbeat | p.DropNode):
             return _forbidden(f"tenant {namespace[:-1]!r} cannot act as a storage node "
                               "or remove one")
+        if isinstance(msg, p.SharedBad):  # no reply: keys outside are left out
+            pairs = [(k, v) for k, v in zip(msg.keys, msg.versions, strict=False)
+                     if k.startswith(namespace)]
+            return self._dispatch(p.SharedBad([k for k, _ in pairs], [v for _, v in pairs]))
         if isinstance(msg, p.Commit | p.Release | p.PutAt):
             inside = [i for i, k in enumerate(msg.keys) if k.startswith(namespace)]
             if len(inside) == len(msg.keys):
@@ -431,6 +435,9 @@ class MasterServer:
             return _acked(refused)
         if isinstance(msg, p.Release):
             core.release(msg)
+            return None
+        if isinstance(msg, p.SharedBad):
+            core.report_shared(msg.keys, msg.versions)
             return None
         if isinstance(msg, p.PutAt):
             if len(msg.keys) > p.MAX_BATCH:

@@ -35,7 +35,7 @@ class ObjectRecord(msgspec.Struct, array_like=True, frozen=True, tag="obj"):
     pinned: bool = False
     #: per SSD copy, the node's epoch when it was written (same order as ``ssd_replicas``).
     ssd_epochs: list[str] = msgspec.field(default_factory=list)
-    #: a shared-tier copy (``Obj.shared``: 0 none, 1 its own file).
+    #: a shared-tier copy (``Obj.shared``: 0 none, else its own file and its use stamp).
     shared: int = 0
 
 

@@ -75,6 +75,24 @@ def shared(tmp_path: Path) -> Iterator[SharedCluster]:
     c.close()
 
 
+def damage_file(path: Path, how: str) -> None:
+    """Flip a bit of the bytes, ``truncate`` by one byte, flip the ``header``'s magic, or
+    ``remove`` the file."""
+    if how == "flip":
+        raw = bytearray(path.read_bytes())
+        raw[len(raw) // 2] ^= 0x04
+        path.write_bytes(raw)
+    elif how == "truncate":
+        with path.open("r+b") as fh:
+            fh.truncate(path.stat().st_size - 1)
+    elif how == "header":
+        raw = bytearray(path.read_bytes())
+        raw[0] ^= 0xFF
+        path.write_bytes(raw)
+    else:
+        path.unlink()
+
+
 def _fill(client: StoreClient, count: int = 16) -> None:
     for i in range(count):  # 16 MiB through 8 MiB of DRAM
         client.put(f"fill-{i}", os.urandom(MiB))
@@ -197,22 +215,15 @@ def test_damaged_file_is_a_miss(shared: SharedCluster, damage: str) -> None:
     with StoreClient(shared.address) as client:
         client.put("k", os.urandom(MiB))
         _evict(client, "k")
-        path = shared.root / file_name("k", client.stat("k").version)
-        if damage == "flip":
-            raw = bytearray(path.read_bytes())
-            raw[len(raw) // 2] ^= 0x04
-            path.write_bytes(raw)
-        elif damage == "truncate":
-            with path.open("r+b") as fh:
-                fh.truncate(path.stat().st_size - 1)
-        else:
-            path.unlink()
+        damage_file(shared.root / file_name("k", client.stat("k").version), damage)
         with pytest.raises(ObjectNotFoundError) as info:
             client.get("k")
         assert info.value.evicted
         assert client.batch_get_into(["k"], [bytearray(MiB)])[0].__class__ is \
             ObjectNotFoundError
-        assert client.shared.misses == 2
+        # the first miss was reported: once the master has checked the file the index
+        # stops naming it, and the second get may no longer read it
+        assert 1 <= client.shared.misses <= 2
         assert client.shared.reads == 0
 
 

@@ -210,6 +210,9 @@ class MasterBase:
     def _shared_drop(self, obj: Obj, now: float) -> None:
         raise NotImplementedError
 
+    def _shared_node_gone(self, node: Node) -> None:
+        raise NotImplementedError
+
     def _shared_name(self, obj: Obj) -> str:
         raise NotImplementedError
 

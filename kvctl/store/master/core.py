@@ -192,6 +192,7 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
                 self._jobs.remove(snapshot)
         if snapshot is not None:
             snapshot.abort()
+        self._shared_close()  # the thread checking reported shared-tier files
         self.state.close()
 
 

@@ -218,6 +218,7 @@ class LivenessMixin(MasterBase):
                 obj.replicas = tuple(r for r in obj.replicas if r.node is not node)
                 if not obj.replicas:
                     del self._pending[key]
+        self._shared_node_gone(node)  # its write-through copies in flight never report
         node.tasks.clear()
         node.inflight.clear()
         node.freeing_bytes = 0

@@ -129,8 +129,9 @@ class Obj(msgspec.Struct, gc=False):
     evicting: dict[Node, int] | None = None
     #: node -> task id of a running SSD → DRAM load.
     loading: dict[Node, int] | None = None
-    #: a copy in the shared tier: 0 none, 1 its own file (named by key and version, see
-    #: kvctl.store.sharedtier.fileformat)
+    #: a copy in the shared tier: 0 none, else its own file (named by key and version, see
+    #: kvctl.store.sharedtier.fileformat) and the value is the copy's use stamp (larger:
+    #: used more recently; the restore's LRU order, see kvctl.store.sharedtier.mixin)
     shared: int = 0
 
     def record(self) -> ObjectRecord:

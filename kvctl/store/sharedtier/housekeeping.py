@@ -12,6 +12,11 @@ with a shared copy (a master killed between a node's rename and its journal writ
 index, a write whose object went meanwhile) and it is older than ``orphan_grace_s`` (a
 write whose report is on its way is not one); a temporary file older than that is a write
 that died. Files without a valid header are orphans too. Both are deleted.
+
+A file that leaves the index (evicted by the quota, removed, replaced, found bad) is
+deleted only once the state change that stops naming it is durable (journal synced, etcd
+took it): a master killed in between would otherwise restart on an index naming a file
+that is gone. Deletes whose change is not durable yet (etcd stalled) wait for a later pass.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from kvctl.store.sharedtier.fileformat import (
     file_bytes,
     read_header,
 )
+from kvctl.store.sharedtier.reports import BadFileReports
 
 if TYPE_CHECKING:
     from kvctl.store.sharedtier.mixin import SharedTierMixin
@@ -47,6 +53,10 @@ _log = logging.getLogger("kvctl.store.sharedtier")
 UNLINK_BATCH = 512
 #: Seconds between two ``statvfs`` of the tier.
 STATVFS_EVERY_S = 5.0
+#: Seconds a housekeeping pass waits for the state changes its deletes follow.
+DURABLE_WAIT_S = 0.05
+#: Seconds before deletes whose state change was not durable are tried again.
+DURABLE_RETRY_S = 0.5
 
 
 class SharedState:
@@ -72,8 +82,9 @@ class SharedState:
         self.queued: dict[Node, tuple[int, int]] = {}
         #: key -> (object, node, task id) of its write-through copy in flight
         self.writing: dict[str, tuple[Obj, Node, int]] = {}
-        #: heap of (due, seq, path): files to delete once due (after a lease)
-        self._unlinks: list[tuple[float, int, str]] = []
+        #: heap of (due, seq, path, key): files to delete once due (after a lease) and
+        #: once the state change of ``key`` that stopped naming them is durable
+        self._unlinks: list[tuple[float, int, str, str]] = []
         self._seq = itertools.count()
         self.fs_free_bytes = -1
         self.fs_total_bytes = -1
@@ -83,6 +94,13 @@ class SharedState:
         self.next_sweep = 0.0
         self.next_statvfs = 0.0
         self.orphans_found = 0
+        #: files clients reported bad, checked by a thread of their own
+        self.reports = BadFileReports()
+        #: the next use stamp of a copy (``Obj.shared``; see the mixin): 1 is what
+        #: records of older kvctl versions hold
+        self.stamp = 2
+        self._restamp_tokens = 0.0
+        self._restamp_at = 0.0
 
     # ---- index side (lock held)
 
@@ -132,15 +150,34 @@ class SharedState:
         self.errors[key] = self.errors.get(key, 0) + 1
         self.last_error = text
 
-    def unlink_later(self, path: str, due: float) -> None:
-        heapq.heappush(self._unlinks, (due, next(self._seq), path))
+    def unlink_later(self, path: str, due: float, key: str = "") -> None:
+        """Delete ``path`` once ``due`` and once the state change of ``key`` made so far
+        (the one that stopped naming the file) is durable."""
+        heapq.heappush(self._unlinks, (due, next(self._seq), path, key))
 
-    def take_due(self, now: float, limit: int) -> list[str]:
-        out: list[str] = []
+    def take_due(self, now: float, limit: int) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         heap = self._unlinks
         while heap and heap[0][0] <= now and len(out) < limit:
-            out.append(heapq.heappop(heap)[2])
+            _, _, path, key = heapq.heappop(heap)
+            out.append((path, key))
         return out
+
+    def next_stamp(self) -> int:
+        stamp = self.stamp
+        self.stamp += 1
+        return stamp
+
+    def may_restamp(self, now: float, per_s: float) -> bool:
+        """Whether a use stamp may be written into a record now (a token bucket of
+        ``per_s`` a second, as many in a burst)."""
+        tokens = min(per_s, self._restamp_tokens + (now - self._restamp_at) * per_s)
+        self._restamp_at = now
+        if tokens < 1.0:
+            self._restamp_tokens = tokens
+            return False
+        self._restamp_tokens = tokens - 1.0
+        return True
 
     def backlog(self) -> int:
         """Files waiting to be deleted."""
@@ -156,7 +193,13 @@ def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
             return  # deposed: the files are the new leader's now (the deletes stay queued)
         with core._lock:
             due = st.take_due(core._clock(), UNLINK_BATCH)
-        deleted, failures = _unlink_all(due)
+        if due and not _durable(core, [key for _, key in due]):
+            with core._lock:  # the index change is not on record yet: the file stays
+                retry = core._clock() + DURABLE_RETRY_S
+                for path, key in due:
+                    st.unlink_later(path, retry, key)
+            due = []
+        deleted, failures = _unlink_all([path for path, _ in due])
         wall = time.monotonic()
         orphans: list[str] = []
         if st.walk is not None or wall >= st.next_sweep:
@@ -184,6 +227,16 @@ def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
             _log.info("shared tier: purged %d orphan files", purged)
     finally:
         st.busy.release()
+
+
+def _durable(core: SharedTierMixin, keys: list[str]) -> bool:
+    """Whether every state change made so far to ``keys`` is durable (waits a little,
+    without the master's lock)."""
+    state = core.state
+    for key in dict.fromkeys(keys):
+        if key:
+            state.wait_for_key(key)
+    return state.ack(timeout_s=DURABLE_WAIT_S) is None
 
 
 def _unlink_all(paths: list[str]) -> tuple[int, list[tuple[str, str]]]:

@@ -10,6 +10,8 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
 - The index records a copy as ``Obj.shared`` only once its writer reported the file
   renamed into place; the file's name follows from the key and version
   (:func:`~kvctl.store.sharedtier.fileformat.file_name`), so a record costs no string.
+  ``Obj.shared`` is the copy's *use stamp* (0: no copy): a counter taken when the copy
+  lands and, coarsely, when it is used (below), kept in the object's record.
 - A get of an object with no DRAM replica (nor SSD copy) on an alive node answers the
   file's path and no location: the client reads it itself (no node hop) and verifies it.
   Every other get of an object with a shared copy names the file too, so a client whose
@@ -18,8 +20,19 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
   while its shared copy does; a master restart keeps it (its record carries the copy).
 - Quota: past ``capacity_bytes`` or ``max_files`` the least recently used copies are
   evicted (the object is forgotten when that was its last copy).
+- LRU order across a master restart: the restore orders the copies by their use stamps.
+  A get moves its copy to the recent end in memory (no state write); it writes a new
+  stamp into the record only when the recorded one is older than half the tier's files
+  (the copy would come back in the older half of the order), at most
+  :data:`RESTAMPS_PER_S` a second, so a master restart keeps the copies in use, at the
+  cost of a few state writes, never one per get.
+- A file a client reports bad is checked by the master and, if bad, leaves the index
+  (:mod:`kvctl.store.sharedtier.reports`).
 - The master deletes files (evicted, removed, replaced, orphaned) after any lease on them
-  ends, outside its lock (:mod:`kvctl.store.sharedtier.housekeeping`), never a node.
+  ends and once the state change that stopped naming them is durable, outside its lock
+  (:mod:`kvctl.store.sharedtier.housekeeping`), never a node.
+- A node dropped with write-through copies in flight leaves no entry in the per-node
+  queues (their reports will never come).
 """
 
 from __future__ import annotations
@@ -35,8 +48,14 @@ from kvctl.store.master.records import Node, Obj, Replica
 from kvctl.store.sharedtier.config import SharedTierConfig, open_tier
 from kvctl.store.sharedtier.fileformat import COUNTED_ERRNOS, file_bytes, file_name
 from kvctl.store.sharedtier.housekeeping import SharedState, housekeeping
+from kvctl.store.sharedtier.reports import MAX_PER_REPORT
 
 _log = logging.getLogger("kvctl.store.master")
+
+#: Most use stamps written into records a second (see the module's docstring).
+RESTAMPS_PER_S = 64.0
+#: A recorded stamp is renewed only when at least this many copies are stamped after it.
+RESTAMP_MIN_AGE = 64
 
 
 class SharedTierMixin(MasterBase):
@@ -67,8 +86,12 @@ class SharedTierMixin(MasterBase):
                                  "tier, and this master has none",
                                  "start it with --shared-tier DIR (the same directory)")
             return
+        # least recently used first: by use stamp (records of older kvctl versions have 1)
+        held.sort(key=_use_order)
         for obj in held:
             st.track(obj, file_bytes(obj.key, obj.size))
+        if held:
+            st.stamp = max(st.stamp, held[-1].shared + 1)
         self._shared_quota(None, self._clock())  # a smaller quota than the last run's
 
     # ------------------------------------------------------------------ names
@@ -89,6 +112,10 @@ class SharedTierMixin(MasterBase):
         if lru.get(obj.key) is obj:
             del lru[obj.key]
             lru[obj.key] = obj
+            if st.stamp - obj.shared > max(RESTAMP_MIN_AGE, st.files // 2) and (
+                    st.may_restamp(self._clock(), RESTAMPS_PER_S)):
+                obj.shared = st.next_stamp()  # would restore in the older half: renew
+                self._persist(obj)
         return str(st.config.root / file_name(obj.key, obj.version))
 
     def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:
@@ -179,11 +206,11 @@ class SharedTierMixin(MasterBase):
             if free_after:  # removed while its write-back ran: free the DRAM now
                 node.alloc.free(task.offset, task.size)
             if report.ok:  # object gone or replaced meanwhile: its file goes too
-                st.unlink_later(task.path, now)
+                st.unlink_later(task.path, now, task.key)
             return
         if report.ok:
             if not obj.shared:
-                obj.shared = 1
+                obj.shared = st.next_stamp()
                 st.track(obj, file_bytes(obj.key, obj.size))
                 self._shared_quota(obj, now)
         else:
@@ -220,8 +247,85 @@ class SharedTierMixin(MasterBase):
             return
         st.untrack(obj, file_bytes(obj.key, obj.size))
         obj.shared = 0
+        # The caller writes the record that stops naming the file (same lock hold): the
+        # delete waits until that change is durable.
         st.unlink_later(str(st.config.root / file_name(obj.key, obj.version)),
-                        max(now, obj.lease_until if obj.readers else now))
+                        max(now, obj.lease_until if obj.readers else now), obj.key)
+
+    def _shared_node_gone(self, node: Node) -> None:
+        """``node`` is dropped: its write-through copies in flight will never report, so
+        they leave its queue and the table of copies being written (else up to
+        ``max_queued_writes`` entries stayed, holding their objects, and kept the sweep
+        from purging a file the node renamed but never reported)."""
+        st = self._shared
+        if st is None:
+            return
+        st.queued.pop(node, None)
+        for task in (*node.tasks, *node.inflight.values()):
+            if task.op != "shared" or task.free_after:
+                continue
+            through = st.writing.get(task.key)
+            if through is not None and through[2] == task.task_id:
+                del st.writing[task.key]
+
+    # ------------------------------------------------------------------ bad files
+
+    def report_shared(self, keys: list[str], versions: list[int]) -> None:
+        """A client found these files bad (a :class:`~kvctl.store.protocol.SharedBad`):
+        queue those the index names now for the master's own check."""
+        st = self._shared
+        if st is None:
+            return
+        reports = st.reports
+        taken = False
+        with self._lock:
+            now = self._clock()
+            for i, (key, version) in enumerate(zip(keys, versions, strict=False)):
+                reports.reports += 1
+                if i >= MAX_PER_REPORT:
+                    reports.dropped += 1
+                    continue
+                obj = self._index.get(key)
+                if obj is None or obj.version != version or not obj.shared:
+                    continue  # not a file the index names (any more): nothing to check
+                path = str(st.config.root / file_name(obj.key, obj.version))
+                taken = reports.take(obj, path, now) or taken
+        if taken:
+            reports.start(self)
+
+    def _shared_check_wanted(self, obj: Obj) -> bool:
+        """Whether a queued report's file is still the one the index names (lock held)."""
+        return self._index.holds(obj) and bool(obj.shared)
+
+    def _shared_check_failed(self, name: str, text: str) -> None:
+        """The file system failed the master's read of a reported file: counted, the
+        index entry kept (lock held)."""
+        st = self._shared
+        if st is not None:
+            st.count_error(name, text)
+
+    def _shared_bad(self, obj: Obj, kind: str, why: str) -> None:
+        """The master's own check found ``obj``'s file bad: drop the copy from the index
+        (a state change), the file goes once that is durable (lock held)."""
+        st = self._shared
+        if st is None or not self._shared_check_wanted(obj):
+            return
+        now = self._clock()
+        path = st.config.root / file_name(obj.key, obj.version)
+        text = f"shared-tier file {path} of {obj.key!r} is bad ({why}): dropped from the index"
+        _log.warning("%s", text)
+        st.reports.bad += 1
+        st.errors[kind] = st.errors.get(kind, 0) + 1
+        st.last_error = text
+        self._shared_drop(obj, now)
+        if obj.replicas or obj.ssd:
+            self._persist(obj)
+        else:
+            self._forget(obj, f"its shared-tier file was bad ({why})", lost=True)
+
+    def _shared_close(self) -> None:
+        if self._shared is not None:
+            self._shared.reports.close()
 
     def _shared_status(self) -> p.SharedTierStatus | None:
         st = self._shared
@@ -235,7 +339,9 @@ class SharedTierMixin(MasterBase):
             purged=st.purged, purge_backlog=st.backlog(),
             errors={k: v for k, v in st.errors.items() if v or k in COUNTED_ERRNOS},
             state="full" if st.paused(self._clock()) else "ok", last_error=st.last_error,
-            fs_free_bytes=st.fs_free_bytes, fs_total_bytes=st.fs_total_bytes)
+            fs_free_bytes=st.fs_free_bytes, fs_total_bytes=st.fs_total_bytes,
+            reports=st.reports.reports, reports_dropped=st.reports.dropped,
+            bad_files=st.reports.bad)
 
     def _shared_housekeeping(self) -> None:
         """Deletes that are due and a slice of the purge sweep (takes the lock briefly; the
@@ -266,3 +372,7 @@ class SharedTierMixin(MasterBase):
         through = st.writing.get(key) if st is not None else None
         return bool(obj.shared) or bool(obj.evicting) or (
             through is not None and through[0] is obj)
+
+
+def _use_order(obj: Obj) -> tuple[int, int]:
+    return obj.shared, obj.version

@@ -1,0 +1,212 @@
+"""The shared tier's index against crashes and drops: a file leaves the tier only after
+the state change that stops naming it is durable; a dropped node leaves nothing in the
+write-through queues; a master restart restores the LRU order from the records' use
+stamps."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvctl.store.client import StoreClient
+from kvctl.store.master import MasterConfig, MasterCore
+from kvctl.store.node import StorageNode
+from kvctl.store.server import MasterServer
+from kvctl.store.sharedtier import housekeeping, mixin, writer
+from kvctl.store.sharedtier.config import SharedTierConfig
+from kvctl.store.sharedtier.fileformat import file_name
+from kvctl.store.sharedtier.housekeeping import SharedState
+from kvctl.store.state import JournalEntry, NodeRecord, NoState, ObjectRecord
+from tests.store.conftest import wait_for
+from tests.store.test_shared_tier import MiB, SharedCluster
+
+KiB = 1 << 10
+
+
+class RecordingState(NoState):
+    """Takes changes at once; makes them durable (in :attr:`durable`) only at an ack while
+    :attr:`open` is set, logging each into :attr:`log` as it becomes durable."""
+
+    def __init__(self, log: list[tuple[str, str, int]], durable: dict[str, ObjectRecord]
+                 | None = None, nodes: dict[str, NodeRecord] | None = None) -> None:
+        self.log = log
+        self.open = threading.Event()
+        self.open.set()
+        self.durable = dict(durable or {})
+        self.nodes = dict(nodes or {})
+        self._taken: list[tuple[str, ObjectRecord | None]] = []
+        self._lock = threading.Lock()
+
+    def replay(self) -> Iterator[JournalEntry]:
+        yield from self.nodes.values()
+        yield from self.durable.values()
+
+    def put_object(self, record: ObjectRecord) -> None:
+        with self._lock:
+            self._taken.append((record.key, record))
+
+    def delete_object(self, key: str) -> None:
+        with self._lock:
+            self._taken.append((key, None))
+
+    def put_node(self, record: NodeRecord) -> None:
+        self.nodes[record.node_id] = record
+
+    def delete_node(self, node_id: str) -> None:
+        self.nodes.pop(node_id, None)
+
+    def ack(self, timeout_s: float | None = None) -> str | None:
+        if not self.open.is_set():
+            return "stalled"
+        with self._lock:
+            for key, record in self._taken:
+                if record is None:
+                    self.durable.pop(key, None)
+                else:
+                    self.durable[key] = record
+                self.log.append(("durable", key, record.shared if record else -1))
+            self._taken.clear()
+        return None
+
+
+def _master(state: RecordingState, tier: SharedTierConfig, port: int = 0) -> MasterServer:
+    return MasterServer(MasterCore(MasterConfig(node_timeout_s=2.0), state, shared_tier=tier),
+                        port=port)
+
+
+def test_an_evicted_file_is_deleted_only_after_the_index_change_is_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "dfs"
+    tier = SharedTierConfig(root, policy="write-through", max_files=1)
+    log: list[tuple[str, str, int]] = []
+    real_unlink = housekeeping._unlink_all
+
+    def unlink_all(paths: list[str]) -> tuple[int, list[tuple[str, str]]]:
+        log.extend(("unlink", path, 0) for path in paths)
+        return real_unlink(paths)
+
+    monkeypatch.setattr(housekeeping, "_unlink_all", unlink_all)
+    gate = threading.Event()
+    gate.set()
+    real_write = writer.write_object
+
+    def gated(*args: object, **kwargs: object) -> None:
+        assert gate.wait(30)
+        real_write(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "write_object", gated)
+    state = RecordingState(log)
+    server = _master(state, tier)
+    node = StorageNode(server.address, capacity_bytes=8 * MiB, heartbeat_s=0.05)
+    try:
+        with StoreClient(server.address) as client:
+            first = os.urandom(64 * KiB)
+            client.put("a", first)
+            wait_for(lambda: client.stat("a").tier == "dram+shared", what="a's copy")
+            a_file = root / file_name("a", client.stat("a").version)
+            gate.clear()  # b's copy waits on the node ...
+            client.put("b", os.urandom(64 * KiB))
+            state.open.clear()  # ... the state stalls (etcd, a slow disk) ...
+            gate.set()  # ... and b's copy lands: the quota (1 file) evicts a's
+            wait_for(lambda: "shared" not in client.stat("a").tier, what="a's eviction")
+            for _ in range(20):
+                server.core.tick()
+            assert a_file.exists(), "deleted while the index change was not durable"
+            # a master killed now restarts on what is durable: it names a's file
+            assert state.durable["a"].shared
+            crashed = RecordingState([], state.durable, state.nodes)
+        node.close()
+        server.close()
+        server = _master(crashed, tier)
+        with StoreClient(server.address) as client:
+            assert client.get("a") == first  # from the file the durable index names
+        server.close()
+
+        # the same eviction with a state that takes it: the delete follows the record
+        server = _master(RecordingState(log, crashed.durable, crashed.nodes),
+                         dataclasses.replace(tier, max_files=10))
+        node = StorageNode(server.address, capacity_bytes=8 * MiB, heartbeat_s=0.05)
+        log.clear()
+        with StoreClient(server.address) as client:
+            client.put("c", os.urandom(64 * KiB))
+            wait_for(lambda: client.stat("c").tier == "dram+shared", what="c's copy")
+            c_file = str(root / file_name("c", client.stat("c").version))
+            assert client.remove("c")
+            wait_for(lambda: ("unlink", c_file, 0) in log, what="c's delete")
+        dropped = log.index(("durable", "c", -1))
+        assert dropped < log.index(("unlink", c_file, 0))
+    finally:
+        node.close()
+        server.close()
+
+
+def test_a_dropped_node_leaves_no_write_through_entries(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    real_write = writer.write_object
+
+    def gated(*args: object, **kwargs: object) -> None:
+        gate.wait(30)
+        real_write(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "write_object", gated)
+    c = SharedCluster(tmp_path / "dfs", policy="write-through")
+    try:
+        node = c.node(64 * MiB)
+        core = c.server.core
+        st = core._shared
+        assert isinstance(st, SharedState)
+        with StoreClient(c.address) as client:
+            client.batch_put([(f"k{i}", os.urandom(16 * KiB)) for i in range(5)])
+            master_node = core._nodes[node.node_id]
+            wait_for(lambda: st.queued.get(master_node, (0, 0))[0] == 5, what="5 queued")
+            assert len(st.writing) == 5
+            client.drop_node(node.node_id)  # with its 5 copies in flight
+            with core._lock:
+                assert master_node not in st.queued
+                assert not [k for k, (_, n, _) in st.writing.items() if n is master_node]
+        gate.set()
+    finally:
+        gate.set()
+        c.close()
+
+
+def test_a_master_restart_keeps_the_tiers_lru_order(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(mixin, "RESTAMP_MIN_AGE", 1)
+    c = SharedCluster(tmp_path / "dfs", state=str(tmp_path / "state"), policy="write-through")
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            for name in "abcd":
+                client.put(name, os.urandom(16 * KiB))
+                wait_for(lambda n=name: "shared" in client.stat(n).tier, what="copy")
+            client.get("a")  # a is the most recently used now; its record says so
+            core = c.server.core
+            stamp = core._index.get("a").shared  # type: ignore[union-attr]
+            for _ in range(20):  # the newest copy: gets write no more records
+                client.get("a")
+            assert core._index.get("a").shared == stamp  # type: ignore[union-attr]
+        for n in c.nodes:
+            n.close()
+        c.nodes.clear()
+        c.tier = dataclasses.replace(c.tier, max_files=3)
+        c.restart_master()  # its quota now evicts the least recently used: b, not a
+        with StoreClient(c.address) as client:
+            assert "shared" in client.stat("a").tier
+            assert "shared" not in client.stat("b").tier
+            assert all("shared" in client.stat(n).tier for n in "cd")
+    finally:
+        c.close()
+
+
+def test_use_stamps_are_written_at_a_bounded_rate() -> None:
+    st = SharedState(SharedTierConfig(Path("/unused")))
+    assert sum(st.may_restamp(100.0, 64.0) for _ in range(200)) == 64
+    assert not st.may_restamp(100.0, 64.0)
+    assert sum(st.may_restamp(100.5, 64.0) for _ in range(200)) == 32
