@@ -11,5 +11,7 @@ Where each part lives:
 - :mod:`.housekeeping`: the master's file-system work, off its lock: deletes and the
   bounded purge sweep of orphan files.
 - :mod:`.writer`: the node's ``shared`` task; :mod:`.reader`: the client's read.
+- :mod:`.reports`: files clients report bad, checked by the master before they leave the
+  index.
 - :mod:`.doctor`: what ``kvctl doctor env --shared-tier DIR`` checks.
 """
