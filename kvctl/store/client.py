@@ -162,6 +162,7 @@ class StoreClient:
             self._flush_releases()
         self._arenas.close()
         self._closed = True
+        self.shared.close()
         self._data.close()
         self._pool.close()
 
@@ -650,6 +651,7 @@ class StoreClient:
         out: list[Any] = [None] * len(keys)
         todo: list[int] = []
         slots: dict[int, p.GetSlot] = {}
+        files: list[int] = []  # read from the shared tier, all together below
         for i, slot in enumerate(reply.slots):
             if isinstance(slot, p.ErrorInfo):
                 out[i] = error_from(slot, key=keys[i])
@@ -661,7 +663,7 @@ class StoreClient:
                 out[i] = 0 if dests is not None else b""
             elif not slot.locations and slot.shared:  # only in the shared tier: read it here
                 slots[i] = slot  # (its lease is released like any other)
-                out[i] = self._read_shared(keys[i], slot, dests[i] if dests else None)
+                files.append(i)
             else:
                 slots[i] = slot
                 sent = attached.get(i)
@@ -682,6 +684,11 @@ class StoreClient:
                     out[i] = got[1]
                     continue
                 todo.append(i)
+        if files:  # on several threads when there are enough of them
+            read = self._read_shared([(keys[i], slots[i], dests[i] if dests else None)
+                                      for i in files])
+            for i, result in zip(files, read, strict=True):
+                out[i] = result
         return out, todo, slots
 
     def _ask(self, request: p.Get, guesses: list[tuple[int, Where]],
@@ -799,14 +806,17 @@ class StoreClient:
                 self._data.release(stage, temp)
         return found
 
-    def _read_shared(self, key: str, slot: p.GetSlot, dest: memoryview | None
-                     ) -> bytes | int | KvctlError:
-        """``slot``'s shared-tier copy (:meth:`SharedReader.read`); a miss is remembered,
-        for the master to check the file and stop naming it if it is bad."""
-        got = self.shared.read(key, slot, dest)
-        if isinstance(got, KvctlError):
+    def _read_shared(self, wanted: list[tuple[str, p.GetSlot, memoryview | None]]
+                     ) -> list[bytes | int | KvctlError]:
+        """The shared-tier copy of each ``(key, slot, dest)`` (:meth:`SharedReader.
+        read_many`); a miss is remembered, for the master to check the file and stop naming
+        it if it is bad."""
+        got = self.shared.read_many(wanted)
+        bad = [(slot.key, slot.version) for (_, slot, _), g in zip(wanted, got, strict=True)
+               if isinstance(g, KvctlError)]
+        if bad:
             with self._releases_lock:
-                self._shared_bad.append((slot.key, slot.version))
+                self._shared_bad.extend(bad)
         return got
 
     def _report_shared_bad(self) -> None:
@@ -830,7 +840,7 @@ class StoreClient:
         """Every DRAM replica failed: the shared-tier copy if there is one, else the
         error."""
         if slot.shared and not slot.pending:
-            got = self._read_shared(key, slot, dests[i] if dests else None)
+            got = self._read_shared([(key, slot, dests[i] if dests else None)])[0]
             if not isinstance(got, KvctlError):
                 return got
             causes.append(f"shared tier: {got.cause}")

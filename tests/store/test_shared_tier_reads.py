@@ -18,6 +18,7 @@ from kvctl.store.checksum import checksum
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.sharedtier import fileformat
+from kvctl.store.sharedtier import reader as reader_mod
 from kvctl.store.sharedtier.fileformat import (
     HEADER,
     SharedMissError,
@@ -168,8 +169,9 @@ def _slot(path: Path, key: str, data: bytes, version: int = VERSION) -> p.GetSlo
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_read_many_keeps_order_counts_and_reads_on_threads(tmp_path: Path,
-                                                           threads: int) -> None:
+def test_read_many_keeps_order_counts_and_reads_on_threads(tmp_path: Path, threads: int,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
     values = [os.urandom(1000 + 37 * i) for i in range(20)]
     slots = [_slot(_file(tmp_path, v, f"k{i}"), f"k{i}", v) for i, v in enumerate(values)]
     Path(slots[5].shared).unlink()
@@ -186,6 +188,7 @@ def test_read_many_keeps_order_counts_and_reads_on_threads(tmp_path: Path,
 
     reader._read = spy  # type: ignore[method-assign]
     bufs = [bytearray(len(v) + 5) for v in values]
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)  # any batch is worth threads
     try:
         for dests in (None, [memoryview(b) for b in bufs]):
             got = reader.read_many([(f"k{i}", s, dests[i] if dests else None)
@@ -201,18 +204,27 @@ def test_read_many_keeps_order_counts_and_reads_on_threads(tmp_path: Path,
                     assert g == len(v)
                     assert bufs[i][:len(v)] == v
         assert (reader.reads, reader.misses) == (36, 4)
-        assert len(seen) == min(threads, 4)  # the caller's thread and the pool's
-        # A few small files are not worth a thread: read here
+        assert (len(seen) > 1) == (threads > 1)  # the caller's thread and the pool's
+        # Files that read in microseconds are not worth waking a thread for: read here
+        monkeypatch.undo()
         seen.clear()
-        reader.read_many([(f"k{i}", slots[i], None) for i in (0, 1, 2)])
+        reader.read_many([(f"k{i}", s, None) for i, s in enumerate(slots)])
         assert seen == {threading.current_thread().name}
+        # Files that take long (a network file system) are, a few at a time already
+        reader._unit_s = reader_mod.MIN_SHARE_S
+        seen.clear()
+        reader.read_many([(f"k{i}", slots[i], None) for i in (0, 1, 2, 3)])
+        assert (len(seen) > 1) == (threads > 1)
     finally:
         reader.close()
     assert reader.read_many([]) == []
 
 
 @pytest.mark.parametrize("threads", [1, 4])
-def test_batched_get_mixes_dram_shared_bad_and_missing(tmp_path: Path, threads: int) -> None:
+def test_batched_get_mixes_dram_shared_bad_and_missing(tmp_path: Path, threads: int,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)  # threads for any batch
     c = SharedCluster(tmp_path / "dfs", policy="write-through")
     try:
         first = c.node(16 << 20)

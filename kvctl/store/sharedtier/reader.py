@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -28,10 +29,15 @@ from kvctl.store.sharedtier.fileformat import SharedMissError, read_object
 #: Most threads a batch's files are read on (the caller's own included); more than the
 #: cores pays only on a file system whose reads wait on the network.
 MAX_THREADS = 8
-#: Fewest files, or bytes, that a batch reads on more than one thread: below this, handing
-#: work to a thread costs more than it saves.
-PARALLEL_FILES = 8
-PARALLEL_BYTES = 1 << 20
+#: Least work (seconds of reading) one thread's share of a batch must be: waking a pool
+#: thread and handing the GIL back and forth costs up to ~0.1 ms on a virtual machine, so
+#: 64 KiB files from the page cache (~15 us each) go to threads only by the hundred, 1 MiB
+#: ones by the handful, and files on a network file system (a round trip per open) soon.
+MIN_SHARE_S = 1e-3
+#: How a batch's reading is estimated: in units of a file plus one per UNIT_BYTES of it,
+#: at UNIT_S seconds a unit until batches have been timed (then what they took).
+UNIT_BYTES = 64 << 10
+UNIT_S = 10e-6
 
 Want = tuple[str, p.GetSlot, memoryview | None]
 Got = bytes | int | KvctlError
@@ -57,6 +63,8 @@ class SharedReader:
         self.reads = 0
         self.misses = 0
         self._pool: ThreadPoolExecutor | None = None
+        #: seconds a unit of reading takes (see UNIT_BYTES), as recent batches took it
+        self._unit_s = UNIT_S
         self._lock = threading.Lock()
 
     def read(self, key: str, slot: p.GetSlot, dest: memoryview | None) -> Got:
@@ -67,23 +75,29 @@ class SharedReader:
         return got
 
     def read_many(self, wanted: Sequence[Want]) -> list[Got]:
-        """:meth:`read` of each ``(key, slot, dest)``, in order; with at least
-        :data:`PARALLEL_FILES` files or :data:`PARALLEL_BYTES` bytes, split over up to
-        :attr:`threads` threads (this one reads the first share)."""
+        """:meth:`read` of each ``(key, slot, dest)``, in order; split over up to
+        :attr:`threads` threads (this one reads the first share) when each share is worth
+        :data:`MIN_SHARE_S` of reading, judged by how long this reader's recent batches
+        took (per file and per :data:`UNIT_BYTES`, so a batch of larger files splits
+        sooner)."""
         n = len(wanted)
-        ways = min(self.threads, n)
-        if ways > 1 and n < PARALLEL_FILES and sum(w[1].size for w in wanted) < PARALLEL_BYTES:
-            ways = 1
-        if ways <= 1:
-            out = [self._read(*w) for w in wanted]
-        else:
-            bounds = [n * j // ways for j in range(ways + 1)]
-            pool = self._executor()
-            rest = [pool.submit(self._read_range, wanted, bounds[j], bounds[j + 1])
-                    for j in range(1, ways)]
-            out = self._read_range(wanted, 0, bounds[1])
-            for future in rest:
-                out.extend(future.result())
+        if not n:
+            return []
+        units = len(wanted) + sum(w[1].size for w in wanted) / UNIT_BYTES
+        ways = max(1, min(self.threads, n, int(units * self._unit_s / MIN_SHARE_S)))
+        bounds = [n * j // ways for j in range(ways + 1)]
+        started = time.perf_counter()
+        rest = [self._executor().submit(self._read_range, wanted, bounds[j], bounds[j + 1])
+                for j in range(1, ways)]
+        out = self._read_range(wanted, 0, bounds[1])
+        for future in rest:
+            out.extend(future.result())
+        # Thread-seconds per unit. A batch on threads counts only when it lowers the
+        # estimate: its time includes the threads' wake-ups and their contention for the
+        # GIL, which would otherwise argue for threads on their own.
+        took = (time.perf_counter() - started) * ways / units
+        if ways == 1 or took < self._unit_s:
+            self._unit_s = 0.7 * self._unit_s + 0.3 * took
         self._count(out)
         return out
 
