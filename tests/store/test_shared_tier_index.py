@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
+import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +24,8 @@ from kvctl.store.sharedtier import housekeeping, mixin, writer
 from kvctl.store.sharedtier.config import SharedTierConfig
 from kvctl.store.sharedtier.fileformat import file_name
 from kvctl.store.sharedtier.housekeeping import SharedState
-from kvctl.store.state import JournalEntry, NodeRecord, NoState, ObjectRecord
+from kvctl.store.state import JournalEntry, MetadataState, NodeRecord, NoState, ObjectRecord
+from tests.fixtures.servers import ServerProcess
 from tests.store.conftest import wait_for
 from tests.store.test_shared_tier import MiB, SharedCluster
 
@@ -91,15 +95,7 @@ def test_an_evicted_file_is_deleted_only_after_the_index_change_is_durable(
         return real_unlink(paths)
 
     monkeypatch.setattr(housekeeping, "_unlink_all", unlink_all)
-    gate = threading.Event()
-    gate.set()
-    real_write = writer.write_object
-
-    def gated(*args: object, **kwargs: object) -> None:
-        assert gate.wait(30)
-        real_write(*args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(writer, "write_object", gated)
+    gate = _gate_writes(monkeypatch)
     state = RecordingState(log)
     server = _master(state, tier)
     node = StorageNode(server.address, capacity_bytes=8 * MiB, heartbeat_s=0.05)
@@ -145,16 +141,66 @@ def test_an_evicted_file_is_deleted_only_after_the_index_change_is_durable(
         server.close()
 
 
-def test_a_dropped_node_leaves_no_write_through_entries(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def _gate_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Shared-tier writes on the nodes wait while the returned event is clear."""
     gate = threading.Event()
+    gate.set()
     real_write = writer.write_object
 
     def gated(*args: object, **kwargs: object) -> None:
-        gate.wait(30)
+        assert gate.wait(30)
         real_write(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(writer, "write_object", gated)
+    return gate
+
+
+def test_a_stalled_etcd_holds_the_delete_until_it_has_the_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        spawn_etcd: Callable[[], ServerProcess]) -> None:
+    """The same order against a real etcd, SIGSTOPped while the quota evicts a copy: the
+    file stays while etcd names it, and goes once etcd took the record without it."""
+    etcd = spawn_etcd()
+    cluster = f"tier-{secrets.token_hex(4)}"
+    root = tmp_path / "dfs"
+    tier = SharedTierConfig(root, policy="write-through", max_files=1)
+    gate = _gate_writes(monkeypatch)
+    core = MasterCore(MasterConfig(node_timeout_s=5.0),
+                      MetadataState(etcd.url, cluster_id=cluster, timeout_s=0.5),
+                      shared_tier=tier)
+    server = MasterServer(core)
+    node = StorageNode(server.address, capacity_bytes=8 * MiB, heartbeat_s=0.05)
+    proc = etcd._proc
+    assert proc is not None
+    try:
+        with StoreClient(server.address) as client:
+            client.put("a", os.urandom(64 * KiB))
+            wait_for(lambda: client.stat("a").tier == "dram+shared", what="a's copy")
+            a_file = root / file_name("a", client.stat("a").version)
+            gate.clear()
+            client.put("b", os.urandom(64 * KiB))
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                gate.set()
+                wait_for(lambda: "shared" not in client.stat("a").tier, what="eviction")
+                deadline = time.monotonic() + 1.5
+                while time.monotonic() < deadline:
+                    core.tick()
+                    assert a_file.exists(), "deleted while etcd still named it"
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            wait_for(lambda: not a_file.exists(), what="the delete after etcd took it")
+        loaded = MetadataState(etcd.url, cluster_id=cluster).load()
+        assert {r.key: r.shared for r in loaded.objects}["a"] == 0
+    finally:
+        node.close()
+        server.close()
+
+
+def test_a_dropped_node_leaves_no_write_through_entries(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = _gate_writes(monkeypatch)
+    gate.clear()
     c = SharedCluster(tmp_path / "dfs", policy="write-through")
     try:
         node = c.node(64 * MiB)
