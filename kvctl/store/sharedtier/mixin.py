@@ -38,6 +38,7 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Callable
 from pathlib import Path
 
@@ -56,6 +57,7 @@ _log = logging.getLogger("kvctl.store.master")
 RESTAMPS_PER_S = 64.0
 #: A recorded stamp is renewed only when at least this many copies are stamped after it.
 RESTAMP_MIN_AGE = 64
+_USE_ORDER = operator.attrgetter("shared")
 
 
 class SharedTierMixin(MasterBase):
@@ -86,8 +88,9 @@ class SharedTierMixin(MasterBase):
                                  "tier, and this master has none",
                                  "start it with --shared-tier DIR (the same directory)")
             return
-        # least recently used first: by use stamp (records of older kvctl versions have 1)
-        held.sort(key=_use_order)
+        # least recently used first: by use stamp (unique but for records of older kvctl
+        # versions, which have 1 and keep their replay order); one int key: 0.4 s per 10^6
+        held.sort(key=_USE_ORDER)
         for obj in held:
             st.track(obj, file_bytes(obj.key, obj.size))
         if held:
@@ -372,7 +375,3 @@ class SharedTierMixin(MasterBase):
         through = st.writing.get(key) if st is not None else None
         return bool(obj.shared) or bool(obj.evicting) or (
             through is not None and through[0] is obj)
-
-
-def _use_order(obj: Obj) -> tuple[int, int]:
-    return obj.shared, obj.version
