@@ -112,20 +112,23 @@ def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
     """
     kb = key.encode("utf-8", "surrogatepass")
     hsize = HEADER.size + len(kb)
-    head = bytearray(hsize + 1)
-    fd = _open(path, key)
+    head = bytearray(hsize)
+    try:
+        fd = os.open(path, _READ_FLAGS[0])
+    except OSError as exc:
+        fd = _reopen(path, key, exc)
     try:
         if dest is None:
-            got = os.preadv(fd, [memoryview(head)[:hsize]], 0)
+            got = os.preadv(fd, [head], 0)
             data = os.pread(fd, size + 1, hsize) if got == hsize else b""
             if got == hsize and len(data) < size:  # a short read (a signal, some FUSE)
                 data += _pread_rest(fd, size + 1 - len(data), hsize + len(data))
             got += len(data)
         else:
-            scratch = memoryview(head)
-            got = os.preadv(fd, [scratch[:hsize], dest, scratch[hsize:]], 0)
+            views = [head, dest, bytearray(1)]
+            got = os.preadv(fd, views, 0)
             if got < hsize + size:  # a short read: the rest, or the end (torn under us)
-                got = _preadv_all(fd, [scratch[:hsize], dest, scratch[hsize:]], key)
+                got = _preadv_all(fd, [memoryview(v) for v in views], key)
     except OSError as exc:
         raise SharedMissError(f"shared-tier file of {key!r} cannot be read: "
                               f"{errno_name(exc)}", None) from None
@@ -134,8 +137,8 @@ def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
     if got != hsize + size:
         what = "longer than its object" if got > hsize + size else "truncated"
         raise SharedMissError(f"shared-tier file of {key!r} is {what}", None)
-    if head[:_CHECKED.size] != _CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version) \
-            or head[HEADER.size:hsize] != kb:
+    if not head.startswith(_CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version)) or (
+            not head.endswith(kb)):
         raise SharedMissError(f"shared-tier file of {key!r} has a header for another "
                               "object (torn or reused)", None)
     if checksum(data if dest is None else dest) != csum:
@@ -167,21 +170,25 @@ def read_bytes(path: str | Path, key: str, version: int, csum: int, size: int) -
 
 def _open(path: str | Path, key: str) -> int:
     """A descriptor of ``path``, regular file or not (a link planted at the name is a miss:
-    ``O_NOFOLLOW``;
-    ``O_NONBLOCK`` so that opening a FIFO cannot hang; ``O_NOATIME`` where this user may,
-    so a read writes no inode back to the file system)."""
-    flags = _READ_FLAGS[0]
+    ``O_NOFOLLOW``; ``O_NONBLOCK`` so that opening a FIFO cannot hang; ``O_NOATIME`` where
+    this user may, so a read writes no inode back to the file system)."""
     try:
-        try:
-            return os.open(path, flags)
-        except PermissionError as exc:  # O_NOATIME on a file of another user: EPERM
-            if flags == _OPEN_FLAGS or exc.errno != errno.EPERM:
-                raise
-            _READ_FLAGS[0] = _OPEN_FLAGS
-            return os.open(path, _OPEN_FLAGS)
+        return os.open(path, _READ_FLAGS[0])
     except OSError as exc:
-        raise SharedMissError(f"shared-tier file of {key!r} cannot be opened: "
-                              f"{errno_name(exc)}", "it was evicted or purged") from None
+        return _reopen(path, key, exc)
+
+
+def _reopen(path: str | Path, key: str, exc: OSError) -> int:
+    """After an open of ``path`` failed with ``exc``: again without ``O_NOATIME`` when that
+    was what was refused (``EPERM``: a file of another user), else a miss."""
+    if exc.errno == errno.EPERM and _READ_FLAGS[0] != _OPEN_FLAGS:
+        _READ_FLAGS[0] = _OPEN_FLAGS
+        try:
+            return os.open(path, _OPEN_FLAGS)
+        except OSError as again:
+            exc = again
+    raise SharedMissError(f"shared-tier file of {key!r} cannot be opened: "
+                          f"{errno_name(exc)}", "it was evicted or purged") from None
 
 
 def _preadv_all(fd: int, views: list[memoryview], key: str) -> int:

@@ -71,7 +71,11 @@ class SharedReader:
         """``slot``'s object: its bytes, or the size once in ``dest``; a miss as an error
         naming why (``key``: as the caller named it)."""
         got = self._read(key, slot, dest)
-        self._count((got,))
+        with self._lock:
+            if isinstance(got, KvctlError):
+                self.misses += 1
+            else:
+                self.reads += 1
         return got
 
     def read_many(self, wanted: Sequence[Want]) -> list[Got]:
@@ -81,8 +85,8 @@ class SharedReader:
         took (per file and per :data:`UNIT_BYTES`, so a batch of larger files splits
         sooner)."""
         n = len(wanted)
-        if not n:
-            return []
+        if n <= 1:  # a single get: nothing to split, nothing to learn
+            return [self.read(*wanted[0])] if n else []
         units = len(wanted) + sum(w[1].size for w in wanted) / UNIT_BYTES
         ways = max(1, min(self.threads, n, int(units * self._unit_s / MIN_SHARE_S)))
         bounds = [n * j // ways for j in range(ways + 1)]
@@ -128,7 +132,7 @@ class SharedReader:
                 assert data is not None
                 return data
             read_object(path, slot.key, slot.version, slot.checksum, slot.size,
-                        dest[:slot.size])
+                        dest if dest.nbytes == slot.size else dest[:slot.size])
         except SharedMissError as exc:
             return ObjectNotFoundError(key, evicted=True, why=exc.cause.replace(
                 repr(slot.key), "its copy"))
