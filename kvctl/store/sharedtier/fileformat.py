@@ -125,7 +125,7 @@ def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
                 data += _pread_rest(fd, size + 1 - len(data), hsize + len(data))
             got += len(data)
         else:
-            views = [head, dest, bytearray(1)]
+            views: list[bytearray | memoryview] = [head, dest, bytearray(1)]
             got = os.preadv(fd, views, 0)
             if got < hsize + size:  # a short read: the rest, or the end (torn under us)
                 got = _preadv_all(fd, [memoryview(v) for v in views], key)
