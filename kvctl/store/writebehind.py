@@ -1,49 +1,73 @@
 """``--state etcd://HOST:PORT`` (any metadata URL): master state in a metadata service,
 written behind the master's lock.
 
-Keys: ``kvctl/[cluster/]store/objects/<key>`` and ``.../store/nodes/<node_id>``, values
-msgpack records, so a standby master started with the same URL loads them and takes over.
+In etcd the state is a log of batches over a snapshot (:mod:`kvctl.store.etcdlog`), under
+``kvctl/[cluster/]store/``, so a standby master started with the same URL loads it and
+takes over.
 
 Changes leave the master's lock at once, into an ordered queue (latest value per key,
-oldest change first); writer threads take batches from its front into etcd transactions
-(at most ``max_txn_ops`` changes, 128 as etcd's ``--max-txn-ops`` default, and
-``max_txn_bytes`` of keys and values, well under its 1.5 MiB ``--max-request-bytes``),
-``inflight`` of them at a time on distinct keys, so each key's changes land in order. A
+oldest change first); writer threads take batches from its front (at most ``max_txn_ops``
+changes and ``max_txn_bytes`` of records, under etcd's 1.5 MiB ``--max-request-bytes``),
+each batch one etcd transaction putting one log key, ``inflight`` of them at a time on
+distinct keys, so each key's changes land in order. A
 request is acknowledged only once every change it made is in etcd
 (:meth:`MetadataState.ack`); a change etcd does not take within ``ack_timeout_s`` fails
 the acknowledgement (the change stays queued and is written when etcd answers), and while
 writes fail, or the queue holds more than ``max_backlog`` changes, the master refuses new
 puts (:meth:`MetadataState.refusal`). A stalled etcd thus slows durability, never reads.
 
-Loading reads etcd in pages (``page_size`` keys per range request, every page at the
-revision of the first, the next page fetched while one is decoded), each request with a
-timeout of ``load_timeout_s`` sized to a page, not the 2 s of a change, whatever the store
-holds. Other metadata services (``memory://``, ``file://``, ``http://``,
-``redis://``) are written one change at a time by the same writer threads and loaded in
-one listing.
+The master snapshots its live state into etcd in the background (:meth:`snapshot_wanted`:
+the log outgrew twice the live objects, or holds more batches than an eighth of them, or
+the store is still in the old one-key-per-record layout), which replaces the log batches
+it covers. Loading reads everything at one revision in pages, the next page fetched while
+one is decoded, each request with a timeout of ``load_timeout_s`` sized to a page, not the
+2 s of a change. Other metadata services (``memory://``, ``file://``, ``http://``,
+``redis://``) keep one key per record, written one change at a time by the same writer
+threads and loaded in one listing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import queue
+import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from kvctl.errors import UsageError
 from kvctl.store.errors import StoreUnavailableError
-from kvctl.store.statebase import JournalEntry, NodeRecord, ObjectRecord, StateBackend
+from kvctl.store.etcdlog import (
+    CHUNK_BYTES,
+    OLD_LAYOUT,
+    EtcdSnapshot,
+    LogReader,
+    delete_entry,
+    delete_old_layout,
+    log_key,
+    pack,
+    per_key_records,
+)
+from kvctl.store.statebase import (
+    JournalEntry,
+    LoadedState,
+    NodeRecord,
+    ObjectRecord,
+    Snapshot,
+    StateBackend,
+)
+
+if TYPE_CHECKING:
+    from kvctl.transfer.metadata.etcd import EtcdMetadata
 
 _log = logging.getLogger("kvctl.store.state")
 
 #: Seconds of failing writes after which acknowledgements fail at once instead of waiting.
 FAIL_FAST_S = 1.0
-#: Largest page when loading (keys per range request).
-MAX_PAGE = 100_000
+#: Seconds before a snapshot that failed is tried again.
+SNAPSHOT_RETRY_S = 30.0
 #: One change: full key, value (``None``: delete).
 Change = tuple[str, bytes | None]
 
@@ -56,13 +80,17 @@ class MetadataState(StateBackend):
         cluster_id: key namespace of this store.
         token: signs requests to kvctl's own metadata server.
         timeout_s: per request to the service, seconds.
-        max_txn_ops: most changes in one transaction.
+        max_txn_ops: most changes in one transaction (one log batch in etcd; other
+            services take one change at a time).
         max_txn_bytes: most key and value bytes in one transaction.
         inflight: transactions in flight at once (on distinct keys).
         ack_timeout_s: how long an acknowledgement waits for its changes, seconds.
         max_backlog: queued changes past which new puts are refused.
-        page_size: keys per range request when loading.
+        page_size: keys per range request when loading the old layout.
         load_timeout_s: per range request when loading, seconds.
+        compact_min: log changes below which no snapshot is taken (but for the old
+            layout); log batches: a tenth of it.
+        snapshot_chunk_bytes: records per snapshot chunk (one etcd key), bytes.
         fence: a leader's ``(key, term)``: every transaction applies only while that key
             is still at that mod revision (etcd only; see
             :mod:`kvctl.store.master.election`). A fenced write stops every writer for
@@ -74,10 +102,11 @@ class MetadataState(StateBackend):
     RETRY_S = 1.0
 
     def __init__(self, url: str, *, cluster_id: str = "", token: str | None = None,
-                 timeout_s: float = 2.0, max_txn_ops: int = 128,
+                 timeout_s: float = 2.0, max_txn_ops: int = 8192,
                  max_txn_bytes: int = 1 << 20, inflight: int = 2,
                  ack_timeout_s: float = 10.0, max_backlog: int = 262_144,
                  page_size: int = 10_000, load_timeout_s: float = 120.0,
+                 compact_min: int = 100_000, snapshot_chunk_bytes: int = CHUNK_BYTES,
                  fence: tuple[str, int] | None = None,
                  on_fenced: Callable[[str], None] | None = None) -> None:
         from kvctl.transfer.metadata import key_prefix, open_metadata
@@ -119,6 +148,20 @@ class MetadataState(StateBackend):
         self._failing_since: float | None = None
         self._stop = False
         self.txns = 0
+        # etcd's log (see kvctl.store.etcdlog): the next batch's sequence number (learnt
+        # from etcd's revision: None until then), what the log holds since the snapshot
+        self._instance = secrets.token_hex(4)
+        self._next_seq: int | None = None
+        self._log_batches = 0
+        self._log_changes = 0
+        self._old_layout = False
+        self._compact_min = compact_min
+        self._chunk_bytes = snapshot_chunk_bytes
+        self._snapshot: EtcdSnapshot | None = None
+        self._snapshot_from = (0, 0)
+        self._retry_at = 0.0
+        self._cleanup: threading.Thread | None = None
+        self._cleanup_stop = threading.Event()
         self._threads = [threading.Thread(target=self._writer, name=f"kvctl-state-writer-{i}",
                                           daemon=True) for i in range(max(1, inflight))]
         for t in self._threads:
@@ -126,83 +169,60 @@ class MetadataState(StateBackend):
 
     # ------------------------------------------------------------------ load
 
-    def _entries(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+    def _loader(self) -> EtcdMetadata:
+        """An etcd client of its own for loading, its timeout sized to a page."""
         from kvctl.transfer.metadata import MetadataError, open_metadata
         from kvctl.transfer.metadata.etcd import EtcdMetadata
 
         try:
-            if self._etcd is None:
-                yield from self._client.list(prefix).items()
-                return
-            # Pages get a client of their own whose timeout is sized to a page: etcd 3.4
-            # counts every key left in the range on each request, so early pages of a
-            # large store take longer than a single change ever does.
             loader = open_metadata(self._url, token=self._token,
                                    timeout_s=self._load_timeout_s)
         except MetadataError as exc:
             raise StoreUnavailableError(
-                f"master state {self.description}: loading {prefix} failed: {exc.cause}",
+                f"master state {self.description}: cannot load: {exc.cause}",
                 exc.hint or "check that the metadata service is running") from exc
         if not isinstance(loader, EtcdMetadata):  # pragma: no cover - same URL as _client
             loader.close()
             raise StoreUnavailableError(f"master state {self.description}: not etcd",
                                         "use an etcd:// URL")
-        pages: queue.Queue[tuple[list[tuple[str, bytes]], MetadataError | None]] = \
-            queue.Queue(maxsize=2)
-        stop = threading.Event()
-
-        def fetch() -> None:  # the next page comes while this one is decoded
-            after: str | None = None
-            revision = 0
-            limit = self._page_size
-            try:
-                while not stop.is_set():
-                    page = loader.list_page(prefix, after=after, limit=limit,
-                                            revision=revision)
-                    pages.put((list(page.entries), None))
-                    if not page.more or not page.entries:
-                        break
-                    if not revision:  # about 20 pages in all: each one counts the rest
-                        limit = max(limit, min(MAX_PAGE, page.remaining // 20))
-                    revision = page.revision
-                    after = page.entries[-1][0]
-            except MetadataError as exc:
-                pages.put(([], exc))
-                return
-            pages.put(([], None))
-
-        fetcher = threading.Thread(target=fetch, name="kvctl-state-loader", daemon=True)
-        fetcher.start()
-        try:
-            while True:
-                page, error = pages.get()
-                if error is not None:
-                    raise StoreUnavailableError(
-                        f"master state {self.description}: loading {prefix} failed: "
-                        f"{error.cause}",
-                        error.hint or "check that the metadata service is running") from error
-                if not page:
-                    return
-                yield from page
-        finally:
-            stop.set()
-            while fetcher.is_alive():
-                with contextlib.suppress(queue.Empty):
-                    pages.get(timeout=0.1)
-            loader.close()
+        return loader
 
     def replay(self) -> Iterator[JournalEntry]:
-        decoder = msgspec.msgpack.Decoder(JournalEntry)
-        for prefix, kind in (("nodes/", NodeRecord), ("objects/", ObjectRecord)):
-            for key, value in self._entries(self._prefix + prefix):
+        from kvctl.transfer.metadata import MetadataError
+
+        if self._etcd is None:
+            for prefix, kind in OLD_LAYOUT:
                 try:
-                    entry = decoder.decode(value)
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    entry = None
-                if not isinstance(entry, kind):
-                    _log.warning("master state: skipping unreadable record %s", key)
-                    continue
-                yield entry
+                    listed = self._client.list(self._prefix + prefix)
+                except MetadataError as exc:
+                    raise StoreUnavailableError(
+                        f"master state {self.description}: loading {prefix} failed: "
+                        f"{exc.cause}",
+                        exc.hint or "check that the metadata service is running") from exc
+                yield from per_key_records(listed.items(), kind)
+            return
+        loader = self._loader()
+        try:
+            reader = LogReader(loader, self._prefix, description=self.description,
+                               page_size=self._page_size)
+            yield from reader.entries()
+        finally:
+            loader.close()
+        with self._cv:
+            self._learn(reader.revision)
+            self._log_batches, self._log_changes = reader.log_batches, reader.log_changes
+            self._old_layout = reader.old_keys > 0
+        _log.info("master state %s: loaded %s, %d log batch(es) of %d change(s)%s",
+                  self.description,
+                  f"snapshot of {reader.manifest.records} records" if reader.manifest
+                  else "no snapshot", reader.log_batches, reader.log_changes,
+                  f", {reader.old_keys} records of the old layout" if reader.old_keys
+                  else "")
+
+    def _learn(self, revision: int) -> None:
+        """Number log batches after everything written by etcd ``revision`` (``_cv``
+        held)."""
+        self._next_seq = max(self._next_seq or 0, (revision + 1) << 32)
 
     # ------------------------------------------------------------------ changes
 
@@ -294,18 +314,24 @@ class MetadataState(StateBackend):
 
         delay = 0.0
         while True:
-            with self._cv:
-                while not self._ready():
-                    self._cv.wait()
-                batch = self._take()
-                if not batch:  # stopping, and nothing left this thread may take
-                    return
-                self._busy.update(key for key, _, _ in batch)
-                first = batch[0][1]
-                self._inflight_first.append(first)
             error: str | None = None
+            if self._etcd is not None and self._next_seq is None:
+                error = self._learn_revision()  # a state written before it was loaded
+            with self._cv:
+                while error is None and not self._ready():
+                    self._cv.wait()
+                batch = self._take() if error is None else []
+                if not batch and error is None:  # stopping, and nothing left to take
+                    return
+                log_seq = 0
+                if self._next_seq is not None and batch:
+                    log_seq, self._next_seq = self._next_seq, self._next_seq + 1
+                self._busy.update(key for key, _, _ in batch)
+                first = batch[0][1] if batch else self._seq + 1
+                self._inflight_first.append(first)
             try:
-                if not self._write([(key, value) for key, _, value in batch]):
+                if error is None and not self._write(
+                        [(key, value) for key, _, value in batch], log_seq):
                     error = self._fenced_now()
             except MetadataError as exc:
                 error = exc.cause
@@ -314,6 +340,8 @@ class MetadataState(StateBackend):
                 self._inflight_first.remove(first)
                 if error is None:
                     self.txns += 1
+                    self._log_batches += 1
+                    self._log_changes += len(batch)
                     for key, seq, _ in batch:
                         entry = self._queue.get(key)
                         if entry is not None and entry[0] == seq:
@@ -339,24 +367,115 @@ class MetadataState(StateBackend):
                 self._durable = min(oldest) - 1 if oldest else self._seq
                 self._cv.notify_all()
                 if self._stop and error is not None:
-                    fenced, self._on_fenced = (self.fenced is not None and self._on_fenced,
-                                               None)
-                    if fenced:
-                        fenced(self.fenced or "")
-                    return
+                    break
             if delay:
                 time.sleep(delay)
+        self._tell_fenced()
 
-    def _write(self, changes: list[Change]) -> bool:
-        """Write ``changes``; ``False`` when the fence refused them."""
+    def _learn_revision(self) -> str | None:
+        """Learn etcd's revision to number log batches by; why not, when etcd failed."""
+        from kvctl.transfer.metadata import MetadataError
+
+        assert self._etcd is not None
+        try:
+            revision = self._etcd.list_page(self._prefix + "manifest", limit=1).revision
+        except MetadataError as exc:
+            return exc.cause
+        with self._cv:
+            self._learn(revision)
+        return None
+
+    def _write(self, changes: list[Change], seq: int) -> bool:
+        """Write ``changes`` (in etcd: as log batch ``seq``); ``False`` when the fence
+        refused them."""
         if self._etcd is not None:
-            return self._etcd.write_batch(changes, guard=self._fence)
+            skip = len(self._prefix)
+            entries = [value if value is not None else delete_entry(key[skip:])
+                       for key, value in changes]
+            return self._etcd.write_batch(
+                [(log_key(self._prefix, seq, self._instance), pack(entries))],
+                guard=self._fence)
         for key, value in changes:
             if value is None:
                 self._client.delete(key)
             else:
                 self._client.put(key, value)
         return True
+
+    # ------------------------------------------------------------------ snapshots (etcd)
+
+    def snapshot_wanted(self, live_objects: int) -> bool:
+        if (self._etcd is None or self._snapshot is not None or self._stop
+                or time.monotonic() < self._retry_at):
+            return False
+        return (self._old_layout
+                or self._log_changes > 2 * live_objects + self._compact_min
+                or self._log_batches > live_objects // 8 + self._compact_min // 10)
+
+    def start_snapshot(self, nodes: Sequence[NodeRecord]) -> Snapshot | None:
+        with self._cv:
+            if (self._etcd is None or self._snapshot is not None or self._stop
+                    or self._next_seq is None):
+                return None
+            # Its number is taken from the log's: batches taken from now on (every change
+            # made from now on) come after it and are replayed over it.
+            gen, self._next_seq = self._next_seq, self._next_seq + 1
+            self._snapshot_from = (self._log_batches, self._log_changes)
+            self._snapshot = EtcdSnapshot(self._prefix, gen, nodes, write=self._snapshot_txn,
+                                          done=self._snapshot_done,
+                                          chunk_bytes=self._chunk_bytes)
+            return self._snapshot
+
+    def _snapshot_txn(self, changes: list[Change], delete_ranges: Sequence[tuple[str, str]]
+                      ) -> bool:
+        assert self._etcd is not None
+        if self._stop:
+            return False
+        if self._etcd.write_batch(changes, guard=self._fence, delete_ranges=delete_ranges):
+            return True
+        self._fenced_now()
+        self._tell_fenced()
+        return False
+
+    def _snapshot_done(self, error: str | None) -> None:
+        with self._cv:
+            snapshot, self._snapshot = self._snapshot, None
+            if error is not None:
+                self._retry_at = time.monotonic() + SNAPSHOT_RETRY_S
+                if error != "abandoned" and not self._stop:  # (closing, or fenced)
+                    _log.warning("master state %s: snapshot failed (%s); trying again in "
+                                 "%.0f s", self.description, error, SNAPSHOT_RETRY_S)
+                return
+            batches, changes = self._snapshot_from
+            self._log_batches = max(0, self._log_batches - batches)
+            self._log_changes = max(0, self._log_changes - changes)
+            old, self._old_layout = self._old_layout, False
+        _log.info("master state %s: snapshot %024x written", self.description,
+                  snapshot.gen if snapshot is not None else 0)
+        if old and (self._cleanup is None or not self._cleanup.is_alive()):
+            self._cleanup = threading.Thread(target=self._delete_old_layout, daemon=True,
+                                             name="kvctl-state-cleanup")
+            self._cleanup.start()
+
+    def _delete_old_layout(self) -> None:
+        loader = self._loader()
+        try:
+            deleted = delete_old_layout(loader, self._prefix, self._snapshot_txn,
+                                        self._cleanup_stop)
+        finally:
+            loader.close()
+        _log.info("master state %s: %d record(s) of the old layout deleted",
+                  self.description, deleted)
+
+    # ------------------------------------------------------------------ fencing
+
+    def _tell_fenced(self) -> None:
+        """Call ``on_fenced`` once, if writes were fenced."""
+        with self._cv:
+            fenced, self._on_fenced = (self._on_fenced if self.fenced is not None else None,
+                                       None if self.fenced is not None else self._on_fenced)
+        if fenced is not None:
+            fenced(self.fenced or "")
 
     def fence_writes(self, fence: tuple[str, int], on_fenced: Callable[[str], None]) -> None:
         """From now on, write only while ``fence`` holds (see the ``fence`` argument):
@@ -387,6 +506,9 @@ class MetadataState(StateBackend):
             return self.fenced
 
     def close(self) -> None:
+        self._cleanup_stop.set()
+        if self._cleanup is not None:
+            self._cleanup.join(timeout=self._ack_timeout_s)
         with self._cv:
             if self._stop:
                 if self.fenced is not None and not self._closed:  # stopped by the fence
@@ -406,3 +528,17 @@ class MetadataState(StateBackend):
             _log.warning("master state %s: %d change(s) could not be written before close",
                          self.description, left)
         self._client.close()
+
+
+def read_state(url: str, *, cluster_id: str = "", token: str | None = None) -> LoadedState:
+    """What a master's state in the metadata service ``url`` holds now, loaded as a
+    standby master would (tools and tests; this writes nothing).
+
+    Raises:
+        StoreUnavailableError: the service failed, or a record is unreadable.
+    """
+    state = MetadataState(url, cluster_id=cluster_id, token=token, inflight=1)
+    try:
+        return state.load()
+    finally:
+        state.close()

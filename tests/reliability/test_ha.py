@@ -26,6 +26,7 @@ from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master.election import Election, leader_key, read_leader
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
+from kvctl.store.writebehind import read_state
 from kvctl.transfer.metadata import open_metadata
 from tests.fixtures.servers import ServerProcess, free_port
 from tests.reliability.conftest import ROOT, make_value, wait_for
@@ -105,8 +106,15 @@ def procs() -> Iterator[Callable[..., Proc]]:
 
 
 def _records(etcd_url: str, cluster: str) -> dict[str, bytes]:
+    """Every key of the store's state (its log, snapshots, records), leader keys aside."""
+    prefix = f"kvctl/{cluster}/store/"
     with open_metadata(etcd_url) as meta:
-        return meta.list(f"kvctl/{cluster}/store/objects/")
+        return {k: v for k, v in meta.list(prefix).items()
+                if k not in (prefix + "leader", prefix + "term")}
+
+
+def _objects(etcd_url: str, cluster: str) -> int:
+    return len(read_state(etcd_url, cluster_id=cluster).objects)
 
 
 def test_two_masters_at_once_one_leads_the_standby_touches_nothing_then_takes_over(
@@ -144,7 +152,7 @@ def test_two_masters_at_once_one_leads_the_standby_touches_nothing_then_takes_ov
         client.remove("k39")
         del values["k39"]
         assert client.batch_exists(list(values)) == [True] * len(values)
-        wait_for(lambda: len(_records(etcd_url, cluster)) == len(values), timeout_s=10,
+        wait_for(lambda: _objects(etcd_url, cluster) == len(values), timeout_s=10,
                  what="records in etcd")
         before = _records(etcd_url, cluster)
         time.sleep(2 * TTL_S)  # a standby that loaded and judged the state would act now
@@ -213,7 +221,7 @@ def test_sigstopped_leader_is_fenced_after_takeover_and_exits(
             client.put(f"old{i}", make_value(f"old{i}", 2, 2100 + i))  # overwritten
         for i in range(10, 15):
             client.remove(f"old{i}")
-        wait_for(lambda: len(_records(etcd_url, cluster)) == 16, timeout_s=10,
+        wait_for(lambda: _objects(etcd_url, cluster) == 16, timeout_s=10,
                  what="the new leader's records")
         before = _records(etcd_url, cluster)
 

@@ -8,15 +8,19 @@ import threading
 import time
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
+from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.rpc import MasterConnection
 from kvctl.store.server import MasterServer
-from kvctl.store.state import MetadataState, ObjectRecord, ReplicaRecord
+from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
+from kvctl.store.writebehind import read_state
 from kvctl.transfer.metadata import open_metadata
+from kvctl.transfer.metadata.etcd import EtcdMetadata
 from tests.fixtures.servers import ServerProcess
 from tests.store.conftest import Cluster, wait_for
 
@@ -29,9 +33,9 @@ def _records(n: int, prefix: str = "k") -> list[ObjectRecord]:
 
 
 def test_changes_are_batched_in_order_and_loaded_in_pages(etcd_url: str) -> None:
-    """1,000 changes from one thread become a handful of transactions of at most 128, one
-    key changed 300 times ends at its last value, and a second state loads everything in
-    pages of 100 (one range request per page, all at one revision)."""
+    """1,000 changes from one thread become a handful of transactions (log batches) of at
+    most 128, one key changed 300 times ends at its last value, and a second state loads
+    everything (the log read 16 batches per range request, all at one revision)."""
     cluster = f"wb-{secrets.token_hex(4)}"
     state = MetadataState(etcd_url, cluster_id=cluster, max_txn_ops=128)
     for rec in _records(1000):
@@ -43,7 +47,7 @@ def test_changes_are_batched_in_order_and_loaded_in_pages(etcd_url: str) -> None
     assert state.backlog == 0
     assert state.txns < 1301 / 4, state.txns  # batched, not one request per change
     state.close()
-    loader = MetadataState(etcd_url, cluster_id=cluster, page_size=100)
+    loader = MetadataState(etcd_url, cluster_id=cluster)
     loaded = loader.load()
     keys = {o.key: o for o in loaded.objects}
     assert len(keys) == 1000
@@ -65,7 +69,10 @@ def test_acknowledged_only_when_durable_and_refused_while_etcd_is_down(
                                           timeout_s=0.5))
     server = MasterServer(core)
     conn = MasterConnection(server.address)
-    meta = open_metadata(etcd.url)
+
+    def stored(key: str) -> bool:
+        return key in {o.key for o in read_state(etcd.url, cluster_id=cluster).objects}
+
     try:
         assert isinstance(conn.call(p.RegisterNode(
             node_id="a", epoch="E", segment="seg", endpoint="127.0.0.1:1", host_id="h",
@@ -80,7 +87,7 @@ def test_acknowledged_only_when_durable_and_refused_while_etcd_is_down(
             return conn.call(p.Commit(keys=[key], versions=[slot.version], ack=True))
 
         assert isinstance(put("before"), p.Ok)
-        assert meta.get(f"kvctl/{cluster}/store/objects/before") is not None
+        assert stored("before")
         etcd.stop()
         failed = put("during")
         assert isinstance(failed, p.Fail)
@@ -96,10 +103,8 @@ def test_acknowledged_only_when_durable_and_refused_while_etcd_is_down(
         assert "takes no writes" in refused.error.cause
         etcd.start()
         wait_for(lambda: isinstance(put("after"), p.Ok), timeout_s=20, what="puts resume")
-        wait_for(lambda: meta.get(f"kvctl/{cluster}/store/objects/during") is not None,
-                 what="the change kept meanwhile written")
+        wait_for(lambda: stored("during"), what="the change kept meanwhile written")
     finally:
-        meta.close()
         conn.close()
         server.close()
 
@@ -150,6 +155,164 @@ def test_fill_with_client_batches_on_etcd_loses_nothing(etcd_url: str) -> None:
     finally:
         stop.set()
         cluster.close()
+    assert len(read_state(etcd_url, cluster_id=cluster_id).objects) == 10_000
+
+
+NODE = NodeRecord("a", "E", "seg", "127.0.0.1:1", "h", 1 << 30, 0, "off")
+
+
+def _objects(url: str, cluster: str) -> dict[str, ObjectRecord]:
+    return {o.key: o for o in read_state(url, cluster_id=cluster).objects}
+
+
+def _keys(url: str, prefix: str) -> list[str]:
+    with open_metadata(url) as meta:
+        return sorted(meta.list(prefix))
+
+
+def test_snapshot_replaces_the_log_and_one_cut_short_changes_nothing(etcd_url: str) -> None:
+    """A snapshot is written in chunks (many pages of them) from slices of the live view
+    while changes go on; changes made during it are replayed over it. One abandoned
+    halfway (the master killed) leaves the previous state whole; one finished replaces the
+    log batches it covers and every earlier snapshot, and loads to the same state."""
+    cluster = f"snap-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    state = MetadataState(etcd_url, cluster_id=cluster, max_txn_ops=10,
+                          snapshot_chunk_bytes=400, compact_min=100)
+    records = _records(600)
+    state.put_node(NODE)
+    for rec in records:
+        state.put_object(rec)
+    assert state.ack(timeout_s=30) is None
+    assert list(state.replay())  # (a master loads before it writes)
+    assert state.snapshot_wanted(600) is False
+    expected = _objects(etcd_url, cluster)
+    assert len(expected) == 600
+
+    cut = state.start_snapshot([NODE])
+    assert cut is not None
+    cut.add(records[:300])
+    cut.write()  # some chunks in etcd, then the master dies
+    cut.abort()
+    assert _objects(etcd_url, cluster) == expected
+    assert _keys(etcd_url, prefix + "manifest") == []
+
+    snap = state.start_snapshot([NODE])
+    assert snap is not None
+    for i in range(0, 600, 64):  # slices of the live view, changes between them
+        snap.add(records[i:i + 64])
+        snap.write()
+        if i == 64:
+            state.delete_object("k000001")  # in a slice already taken
+            state.put_object(ObjectRecord("k000599", 1, 2, 3, [], []))  # in one to come
+            state.put_object(ObjectRecord("new", 1, 2, 3, [], []))
+            assert state.ack(timeout_s=30) is None
+    assert snap.finish()
+    expected.pop("k000001")
+    expected["new"] = ObjectRecord("new", 1, 2, 3, [], [])
+    expected["k000599"] = ObjectRecord("k000599", 1, 2, 3, [], [])
+    assert _objects(etcd_url, cluster) == expected
+    chunks = _keys(etcd_url, prefix + "snapshots/")
+    assert len(chunks) > 2 * 16, len(chunks)  # loaded across several pages
+    assert len({key.rsplit("/", 2)[1] for key in chunks}) == 1  # the cut one is gone
+    assert len(_keys(etcd_url, prefix + "log/")) == 1  # only the batch written during it
+    reader = MetadataState(etcd_url, cluster_id=cluster)
+    assert [n.node_id for n in reader.load().nodes] == ["a"]
+    reader.close()
+    state.close()
+
+
+def test_a_node_record_behind_its_objects_in_the_log_keeps_them(etcd_url: str) -> None:
+    """The write-behind queue keeps the latest change per key, so a node that registered
+    again can have its record behind objects placed on it; a restore still finds their
+    copies (the log is folded, nodes first)."""
+    cluster = f"order-{secrets.token_hex(4)}"
+    state = MetadataState(etcd_url, cluster_id=cluster)
+    state.put_object(ObjectRecord("k", 100, 5, 1, [ReplicaRecord("a", 0, 100, "E")], []))
+    state.put_node(NODE)
+    assert state.ack(timeout_s=30) is None
+    state.close()
+    core = MasterCore(MasterConfig(node_timeout_s=1e6),
+                      state=MetadataState(etcd_url, cluster_id=cluster))
+    try:
+        assert core.exists(["k"]) == [True]
+    finally:
+        core.close()
+
+
+def test_a_store_in_the_old_layout_loads_and_moves_to_the_log(etcd_url: str) -> None:
+    """A store written one key per record (before the log) loads whole, changes made after
+    go to the log, the master's first snapshot replaces the old keys (deleted in slices
+    afterwards), and the next master loads the same objects."""
+    cluster = f"old-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    encode = msgspec.msgpack.encode
     with open_metadata(etcd_url) as meta:
-        stored = meta.list(f"kvctl/{cluster_id}/store/objects/")
-    assert len(stored) == 10_000
+        assert isinstance(meta, EtcdMetadata)
+        meta.write_batch([(prefix + "nodes/a", encode(NODE))])
+        records = _records(300)
+        for i in range(0, 300, 100):
+            meta.write_batch([(prefix + "objects/" + r.key, encode(r))
+                              for r in records[i:i + 100]])
+    state = MetadataState(etcd_url, cluster_id=cluster)
+    core = MasterCore(MasterConfig(node_timeout_s=1e6), state=state)
+    try:
+        assert core.exists(["k000000", "k000299"]) == [True, True]
+        core.remove(["k000007"])
+        assert state.ack(timeout_s=30) is None
+        assert _keys(etcd_url, prefix + "objects/")  # still there: no snapshot yet
+        assert len(_objects(etcd_url, cluster)) == 299  # old keys + the log
+        assert state.snapshot_wanted(299)
+        core.tick()  # snapshots the live view
+        wait_for(lambda: not _keys(etcd_url, prefix + "objects/"), what="old keys deleted")
+        assert _keys(etcd_url, prefix + "nodes/") == []
+        assert _keys(etcd_url, prefix + "manifest")
+        assert not state.snapshot_wanted(299)
+    finally:
+        core.close()
+    loaded = _objects(etcd_url, cluster)
+    assert sorted(loaded) == sorted(r.key for r in records if r.key != "k000007")
+
+
+def test_a_deposed_masters_snapshot_is_refused(etcd_url: str) -> None:
+    """A snapshot finished after another master took the term changes nothing (every
+    chunk and the manifest carry the fence), and the master is told it was deposed."""
+    cluster = f"fence-{secrets.token_hex(4)}"
+    term_key = f"kvctl/{cluster}/store/term"
+    with open_metadata(etcd_url) as meta:
+        assert isinstance(meta, EtcdMetadata)
+        meta.put(term_key, b"1")
+        entry = meta.get_entry(term_key)
+        assert entry is not None
+        why: list[str] = []
+        state = MetadataState(etcd_url, cluster_id=cluster, fence=(term_key, entry[1]),
+                              on_fenced=why.append)
+        state.put_node(NODE)
+        state.put_object(_records(1)[0])
+        assert state.ack(timeout_s=30) is None
+        list(state.replay())
+        snap = state.start_snapshot([NODE])
+        assert snap is not None
+        snap.add(_records(1))
+        meta.put(term_key, b"2")  # another master's term
+        assert not snap.finish()
+    assert why
+    assert "another master leads now" in why[0]
+    assert _keys(etcd_url, f"kvctl/{cluster}/store/manifest") == []
+    assert list(_objects(etcd_url, cluster)) == ["k000000"]
+    state.close()
+
+
+def test_an_unreadable_chunk_stops_the_load(etcd_url: str) -> None:
+    """A master never starts on part of its state: a log batch that does not decode is a
+    StoreUnavailableError naming its key, not objects silently left out."""
+    cluster = f"bad-{secrets.token_hex(4)}"
+    state = MetadataState(etcd_url, cluster_id=cluster)
+    state.put_object(_records(1)[0])
+    assert state.ack(timeout_s=30) is None
+    state.close()
+    with open_metadata(etcd_url) as meta:
+        (key,) = meta.list(f"kvctl/{cluster}/store/log/")
+        meta.put(key, b"\xc1 not msgpack")
+    with pytest.raises(StoreUnavailableError, match="unreadable"):
+        read_state(etcd_url, cluster_id=cluster)

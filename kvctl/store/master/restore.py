@@ -16,6 +16,7 @@ offset is kept.
 
 from __future__ import annotations
 
+import gc
 import logging
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,21 @@ _log = logging.getLogger("kvctl.store.master")
 
 
 def restore(core: MasterBase) -> int:
-    """Fill ``core``'s (empty) tables from ``core.state``; the highest version seen."""
+    """Fill ``core``'s (empty) tables from ``core.state``; the highest version seen.
+
+    The garbage collector waits meanwhile: the tables are records it never walks, but the
+    state's records decoded on the way are not (with etcd state at 10^6 objects its
+    collections took 2.3 s of a 5.4 s load)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _restore(core)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _restore(core: MasterBase) -> int:
     now = core._clock()
     nodes: dict[str, Node] = {}
     objects: dict[str, Obj] = {}

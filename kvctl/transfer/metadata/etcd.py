@@ -123,13 +123,13 @@ class EtcdMetadata(MetadataClient):
         return dict(sorted(found.items()))
 
     def list_page(self, prefix: str, *, after: str | None = None, limit: int = 1000,
-                  revision: int = 0) -> EtcdPage:
+                  revision: int = 0, start: str | None = None) -> EtcdPage:
         """One page of the keys under ``prefix`` in key order: at most ``limit`` entries
-        after the key ``after`` (from the first when ``None``), read at ``revision`` (0:
-        the newest; pass the revision of the first page to read every page at one
-        moment)."""
-        start = prefix.encode() if after is None else after.encode() + b"\0"
-        request: dict[str, Any] = {"key": _b64(start or b"\0"),
+        after the key ``after`` (from ``start``, or the first, when ``None``), read at
+        ``revision`` (0: the newest; pass the revision of the first page to read every
+        page at one moment)."""
+        first = (start or prefix).encode() if after is None else after.encode() + b"\0"
+        request: dict[str, Any] = {"key": _b64(first or b"\0"),
                                    "range_end": _b64(prefix_range_end(prefix.encode())),
                                    "limit": str(limit)}
         if revision:
@@ -142,17 +142,21 @@ class EtcdMetadata(MetadataClient):
                         int(answer.get("count", len(entries)) or 0))
 
     def write_batch(self, changes: Sequence[tuple[str, bytes | None]], *,
-                    guard: tuple[str, int] | None = None) -> bool:
-        """Puts (a value) and deletes (``None``) of distinct keys in one transaction: all
-        of them or none. etcd refuses more than ``--max-txn-ops`` (128 by default) changes
-        or ``--max-request-bytes`` (1.5 MiB) in one.
+                    guard: tuple[str, int] | None = None,
+                    delete_ranges: Sequence[tuple[str, str]] = ()) -> bool:
+        """Puts (a value) and deletes (``None``) of distinct keys, and deletes of the key
+        ranges ``[start, end)`` in ``delete_ranges``, in one transaction: all of them or
+        none. etcd refuses more than ``--max-txn-ops`` (128 by default) operations or
+        ``--max-request-bytes`` (1.5 MiB) in one.
 
         With ``guard`` (key, revision) the transaction applies only while that key's mod
         revision is still ``revision`` (a leader fencing its writes by its term);
         ``False`` when it was not applied for that reason."""
         # Built as text (base64 needs no JSON escaping): a third of json.dumps's time, and
         # this runs for every change a store master records.
-        ops: builtins.list[str] = []
+        ops: builtins.list[str] = [
+            f'{{"request_delete_range":{{"key":"{_b64(start.encode())}",'
+            f'"range_end":"{_b64(end.encode())}"}}}}' for start, end in delete_ranges]
         for key, value in changes:
             if value is None:
                 ops.append(f'{{"request_delete_range":{{"key":"{_b64(key.encode())}"}}}}')
