@@ -281,13 +281,12 @@ class SharedTierMixin(MasterBase):
             return
         reports = st.reports
         taken = False
+        looked = list(zip(keys[:MAX_PER_REPORT], versions[:MAX_PER_REPORT], strict=False))
         with self._lock:
             now = self._clock()
-            for i, (key, version) in enumerate(zip(keys, versions, strict=False)):
-                reports.reports += 1
-                if i >= MAX_PER_REPORT:
-                    reports.dropped += 1
-                    continue
+            reports.reports += max(len(keys), len(looked))
+            reports.dropped += max(0, len(keys) - len(looked))
+            for key, version in looked:
                 obj = self._index.get(key)
                 if obj is None or obj.version != version or not obj.shared:
                     continue  # not a file the index names (any more): nothing to check
