@@ -11,6 +11,12 @@ runs ``kvctl store master --shared-tier DIR`` and a node; host B runs the client
   interleaved with the same files read by plain ``open`` + ``os.pread`` of the whole file
   + ``close`` (the filesystem's bound, no master, no verification). Also shown: the
   client's file read alone (header check + checksum, no master). Goal: get >= 0.8x pread.
+- **batched get** (``--batches 16,64,256``): ``batch_get`` / ``batch_get_into`` of N
+  tier-only 64 KiB objects (one master answer, then the files; on the client's threads
+  when worth it, and on one thread), per object, against bare loops over the same files:
+  ``pread`` with each result dropped (one cache-hot buffer), with the N results kept (on
+  one thread and on the client's), and ``preadv`` into the same N buffers; and the
+  master's answer alone. Ratios are throughput per object.
 - **put**: 1 MiB and 64 KiB puts/s from host B against a master with write-through, with
   write-back (nothing evicted: no tier write) and with no shared tier; the tier must not
   slow puts.
@@ -22,6 +28,7 @@ Needs root (namespaces). Prints a markdown table; ``--out`` writes JSON.
   fresh process (RSS after restore minus RSS before; what a master restart costs).
 
     sudo .venv/bin/python benchmarks/shared_tier.py --rounds 3
+    sudo .venv/bin/python benchmarks/shared_tier.py --rounds 3 --objects 8 --no-puts
     .venv/bin/python benchmarks/shared_tier.py --index 1000000
     .venv/bin/python benchmarks/shared_tier.py --packing /mnt/dfs/scratch
 

@@ -279,3 +279,36 @@ def test_batched_get_mixes_dram_shared_bad_and_missing(tmp_path: Path, threads: 
             assert client.shared.reads == 2 * reads
     finally:
         c.close()
+
+
+def test_read_many_after_close_or_fork_reads_every_share(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """A batch racing close() (its pool shut down under it) reads the shares itself, and a
+    forked child, whose copy of the pool has no threads, starts its own instead of
+    queueing shares nobody runs."""
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)
+    values = [os.urandom(2000 + i) for i in range(12)]
+    wanted = [(f"k{i}", _slot(_file(tmp_path, v, f"k{i}"), f"k{i}", v), None)
+              for i, v in enumerate(values)]
+    reader = SharedReader(threads=3)
+    try:
+        assert reader.read_many(wanted) == values  # the pool is started
+        pool = reader._pool
+        assert pool is not None
+        pool.shutdown(wait=True)  # as close() from another thread, mid-batch
+        assert reader.read_many(wanted) == values
+        reader.close()
+        assert reader.read_many(wanted) == values  # a new pool
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if the batch completes, within 20 s
+            import signal
+            signal.alarm(20)
+            try:
+                os._exit(0 if reader.read_many(wanted) == values else 1)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        reader.close()

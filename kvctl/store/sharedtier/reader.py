@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
@@ -63,6 +63,7 @@ class SharedReader:
         self.reads = 0
         self.misses = 0
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
         #: seconds a unit of reading takes (see UNIT_BYTES), as recent batches took it
         self._unit_s = UNIT_S
         self._lock = threading.Lock()
@@ -91,11 +92,11 @@ class SharedReader:
         ways = max(1, min(self.threads, n, int(units * self._unit_s / MIN_SHARE_S)))
         bounds = [n * j // ways for j in range(ways + 1)]
         started = time.perf_counter()
-        rest = [self._executor().submit(self._read_range, wanted, bounds[j], bounds[j + 1])
-                for j in range(1, ways)]
+        rest = [self._submit(wanted, bounds[j], bounds[j + 1]) for j in range(1, ways)]
         out = self._read_range(wanted, 0, bounds[1])
-        for future in rest:
-            out.extend(future.result())
+        for j, future in enumerate(rest, 1):
+            out.extend(future.result() if future is not None
+                       else self._read_range(wanted, bounds[j], bounds[j + 1]))
         # Thread-seconds per unit. A batch on threads counts only when it lowers the
         # estimate: its time includes the threads' wake-ups and their contention for the
         # GIL, which would otherwise argue for threads on their own.
@@ -112,14 +113,24 @@ class SharedReader:
         if pool is not None:
             pool.shutdown(wait=True)
 
-    def _executor(self) -> ThreadPoolExecutor:
-        """The reading threads, started on first use (as many as :attr:`threads` then
-        asked for besides the caller's; a batch asking for more queues its shares)."""
+    def _submit(self, wanted: Sequence[Want], start: int, end: int
+                ) -> Future[list[Got]] | None:
+        """``wanted[start:end]`` handed to a reading thread, or ``None`` when the pool was
+        just closed (the caller reads that share itself)."""
         with self._lock:
-            if self._pool is None:
+            if self._pool is None or self._pool_pid != os.getpid():
+                # Started on first use, and again in a forked child: the parent's threads
+                # are not there, and a pool that believes it has idle ones would never run
+                # the share (as many threads as :attr:`threads` then asks for besides the
+                # caller's; a batch asking for more queues its shares).
                 self._pool = ThreadPoolExecutor(max(1, self.threads - 1),
                                                 thread_name_prefix="kvctl-shared-read")
-            return self._pool
+                self._pool_pid = os.getpid()
+            pool = self._pool
+        try:
+            return pool.submit(self._read_range, wanted, start, end)
+        except RuntimeError:  # closed meanwhile (close() from another thread)
+            return None
 
     def _read_range(self, wanted: Sequence[Want], start: int, end: int) -> list[Got]:
         return [self._read(*wanted[i]) for i in range(start, end)]
