@@ -8,6 +8,7 @@ import errno
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -310,5 +311,34 @@ def test_read_many_after_close_or_fork_reads_every_share(tmp_path: Path,
                 os._exit(2)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        reader.close()
+
+
+def test_a_batch_that_fails_returns_only_after_its_threads_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error in the caller's share (not a miss: MemoryError, KeyboardInterrupt) goes up
+    only once no reading thread can still write into the caller's buffers."""
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)
+    values = [os.urandom(3000) for _ in range(8)]
+    wanted = [(f"k{i}", _slot(_file(tmp_path, v, f"k{i}"), f"k{i}", v),
+               memoryview(bytearray(3000))) for i, v in enumerate(values)]
+    real = reader_mod.read_object
+    done: list[str] = []
+
+    def slow(path: Any, key: str, *a: Any) -> Any:
+        if key == "k0":  # the caller's share (the first half) fails at once
+            raise MemoryError("no room")
+        time.sleep(0.05)
+        got = real(path, key, *a)
+        done.append(key)
+        return got
+
+    monkeypatch.setattr(reader_mod, "read_object", slow)
+    reader = SharedReader(threads=2)
+    try:
+        with pytest.raises(MemoryError):
+            reader.read_many(wanted)
+        assert sorted(done) == ["k4", "k5", "k6", "k7"]  # the thread's share, all of it
     finally:
         reader.close()

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
@@ -93,10 +93,14 @@ class SharedReader:
         bounds = [n * j // ways for j in range(ways + 1)]
         started = time.perf_counter()
         rest = [self._submit(wanted, bounds[j], bounds[j + 1]) for j in range(1, ways)]
-        out = self._read_range(wanted, 0, bounds[1])
-        for j, future in enumerate(rest, 1):
-            out.extend(future.result() if future is not None
-                       else self._read_range(wanted, bounds[j], bounds[j + 1]))
+        try:
+            out = self._read_range(wanted, 0, bounds[1])
+            for j, future in enumerate(rest, 1):
+                out.extend(future.result() if future is not None
+                           else self._read_range(wanted, bounds[j], bounds[j + 1]))
+        except BaseException:  # no thread may still write into the caller's buffers
+            wait([f for f in rest if f is not None and not f.cancel()])
+            raise
         # Thread-seconds per unit. A batch on threads counts only when it lowers the
         # estimate: its time includes the threads' wake-ups and their contention for the
         # GIL, which would otherwise argue for threads on their own.
