@@ -170,7 +170,10 @@ def serve(
     out = opts.output(json_mode=json_)
     _warn_inline_tokens(out, tenant)
     with stop_on_signal() as stop, EmbeddedStore(settings, token=common.token,
-                                                 write_discovery=True) as store:
+                                                 write_discovery=True,
+                                                 cluster_id=common.cluster_id) as store:
+        if store.election is not None:
+            store.election.on_deposed(lambda _why: stop.set())
         shared = store.server.core.status().shared  # the tier as the master resolved it
         payload = {"master": store.address, "node_id": store.node.node_id,
                    "capacity_bytes": store.node.capacity_bytes,
@@ -194,6 +197,10 @@ def serve(
             if payload["metrics"]:
                 out.info(f"metrics on {payload['metrics']}")
         wait_until(stop)
+        deposed = store.election.deposed if store.election is not None else None
+    if deposed is not None:
+        raise StoreUnavailableError(f"store serve deposed: {deposed}; it stopped serving",
+                                    "another master leads the state now")
     out.info("store stopped")
 
 

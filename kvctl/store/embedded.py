@@ -29,6 +29,7 @@ from kvctl.transfer.shmfiles import pid_alive
 
 if TYPE_CHECKING:
     from kvctl.metrics import ServerMetrics
+    from kvctl.store.master.election import Election
 
 _log = logging.getLogger("kvctl.store")
 
@@ -203,16 +204,33 @@ class EmbeddedStore:
         settings: store settings (``listen``, ``capacity``, ``ssd``...).
         token: shared secret, or ``None``.
         write_discovery: publish the master address in the discovery file.
+        cluster_id: key namespace of the state (etcd, Redis).
+
+    With etcd state the master takes the lead of the state at once or refuses to start
+    (:func:`~kvctl.store.standby.lead_now`): its writes are fenced like an elected
+    master's, so a ``kvctl store master`` started later stands by. :attr:`election` is
+    then set; once it is deposed the master refuses requests.
     """
 
     def __init__(self, settings: StoreSettings, *, token: str | None = None,
-                 write_discovery: bool = False) -> None:
-        self.server = start_master(settings, token=token)
+                 write_discovery: bool = False, cluster_id: str = "") -> None:
+        from kvctl.store.state import elects_leader
+
+        self.election: Election | None = None
+        if elects_leader(settings.state):
+            from kvctl.store.standby import lead_now
+
+            self.server, self.election = lead_now(settings, token=token,
+                                                  cluster_id=cluster_id)
+        else:
+            self.server = start_master(settings, token=token, cluster_id=cluster_id)
         try:
             self.node = start_node(settings, self.server.address, token=token,
                                    share=self.server.metrics)
         except BaseException:
             self.server.close()
+            if self.election is not None:
+                self.election.close()
             raise
         # The node's memory is in this process: gets can take its bytes with the answer.
         self.server.serve_local(self.node.hold)
@@ -249,7 +267,9 @@ class EmbeddedStore:
                     self._discovery.unlink()
             self._discovery = None
         self.node.close()
-        self.server.close()
+        self.server.close()  # flushes the state while the leader key is still ours
+        if self.election is not None:
+            self.election.close()
 
     def __enter__(self) -> EmbeddedStore:
         return self

@@ -81,16 +81,8 @@ def run_elected(settings: StoreSettings, *, token: str | None, cluster_id: str,
         if not election.campaign(stop):
             return None
         sock.close()  # the server binds the same port now
-        server = start_master(dataclasses.replace(settings, listen=join_host_port(host, bound)),
-                              token=token, cluster_id=cluster_id)
-        # Fenced from its first request on: the claim is a moment old, so no other master
-        # can have been elected before this.
-        state = server.core.state
-        if not isinstance(state, MetadataState):  # pragma: no cover - etcd:// only
-            raise UsageError(f"{settings.state}: not a metadata state",
-                             "use an etcd:// URL")
-        state.fence_writes(election.fence, election.depose)
-        server.lead_while(election.check)
+        server = _start_leading(settings, host, bound, election, token=token,
+                                cluster_id=cluster_id)
         if not deposed.is_set():  # (deposed while loading: it never served)
             on_leading(server, election.term)
         while not stop.wait(0.5):
@@ -103,3 +95,73 @@ def run_elected(settings: StoreSettings, *, token: str | None, cluster_id: str,
             with contextlib.suppress(OSError):
                 sock.close()
         election.close()
+
+
+def _start_leading(settings: StoreSettings, host: str, port: int, election: Election, *,
+                   token: str | None, cluster_id: str) -> MasterServer:
+    """The master of a leader that has just claimed the key: it loads the state (every
+    write the previous leader got into etcd is in it), its writes fenced by the term and
+    its requests refused once it is deposed."""
+    server = start_master(dataclasses.replace(settings, listen=join_host_port(host, port)),
+                          token=token, cluster_id=cluster_id)
+    try:
+        # Fenced from its first request on: the claim is a moment old, so no other master
+        # can have been elected before this.
+        state = server.core.state
+        if not isinstance(state, MetadataState):  # pragma: no cover - etcd:// only
+            raise UsageError(f"{settings.state}: not a metadata state",
+                             "use an etcd:// URL")
+        state.fence_writes(election.fence, election.depose)
+        server.lead_while(election.check)
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+def lead_now(settings: StoreSettings, *, token: str | None, cluster_id: str
+             ) -> tuple[MasterServer, Election]:
+    """A master that leads at once or not at all (``kvctl store serve`` on etcd state,
+    which has a node of its own in the process and cannot stand by): the claimed
+    leadership and its server, fenced like an elected master's, so an elected master
+    started later stands by instead of writing the same state.
+
+    Raises:
+        StoreUnavailableError: another master leads (named), etcd cannot be reached, or
+            the listen address cannot be bound.
+    """
+    from kvctl.transfer.metadata.base import MetadataError
+
+    host, port = parse_listen(settings.listen, default_port=DEFAULT_PORT)
+    sock = reserve(host, port)
+    bound = sock.getsockname()[1]
+    shown = advertised_hosts(host)[0] if is_unspecified(host) else host
+    try:
+        election = Election(settings.state, address=join_host_port(shown, bound),
+                            cluster_id=cluster_id, token=token, ttl_s=settings.ha_ttl)
+    except BaseException:
+        sock.close()
+        raise
+    try:
+        try:
+            won = election.try_once()
+            holder = None if won else election.leader()
+        except MetadataError as exc:
+            raise StoreUnavailableError(
+                f"cannot take the lead of the store state in {settings.state}: {exc.cause}",
+                "check that etcd is up and reachable (etcdctl endpoint health)") from exc
+        if not won:
+            who = f"master {holder.describe()}" if holder is not None else "another process"
+            raise StoreUnavailableError(
+                f"{who} leads the store state in {settings.state}; a second master would "
+                "write the same state unfenced",
+                "point clients and nodes at the leader (--master etcd://...), stop it "
+                "first, or give this store its own state or KVCTL_CLUSTER_ID")
+        sock.close()  # the server binds the same port now
+        return _start_leading(settings, host, bound, election, token=token,
+                              cluster_id=cluster_id), election
+    except BaseException:
+        with contextlib.suppress(OSError):
+            sock.close()
+        election.close()
+        raise

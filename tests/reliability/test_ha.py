@@ -378,3 +378,48 @@ def test_several_masters_skip_a_dead_or_foreign_address_and_name_it() -> None:
             StoreClient(f"{refused},{other}", timeout_s=5)
     foreign.close()
     assert all(b"put" not in data.lower() for data in got)
+
+
+def _serve_refused(etcd_url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``kvctl store serve`` on ``etcd_url`` run to its end (it must refuse to start)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvctl", "store", "serve", "--listen",
+         f"127.0.0.1:{free_port()}", "--state", etcd_url, "--capacity", "16MiB"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, **env})
+
+
+def test_store_serve_on_etcd_state_leads_it_or_refuses_to_start(
+        etcd_url: str, procs: Callable[..., Proc]) -> None:
+    """``kvctl store serve`` (master and node in one process) on etcd state used to take no
+    part in the election: an elected master beside it wrote the same state unfenced. Now
+    it claims the lead at once: a master started after it stands by; a second serve, or a
+    serve while a master leads, exits naming the leader; once serve stops, the standby
+    takes over the records serve wrote."""
+    cluster = f"ha-serve-{secrets.token_hex(4)}"
+    env = {"KVCTL_CLUSTER_ID": cluster, "KVCTL_STORE_HA_TTL": str(TTL_S)}
+    serve = procs("serve", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                  "--capacity", "32MiB", env=env)
+    address = str(serve.wait_card()["master"])
+    info = read_leader(etcd_url, cluster_id=cluster)
+    assert info is not None
+    assert info.address == address
+    with StoreClient(address, timeout_s=5) as client:
+        client.put("by-serve", b"written under serve's term")
+    standby = procs("master", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                    env=env)
+    wait_for(lambda: "standby; leader is" in standby.log, timeout_s=20, what="standby")
+    second = _serve_refused(etcd_url, env)
+    assert second.returncode == 3, second.stderr
+    assert address in second.stderr, second.stderr
+    assert "a second master would write the same state unfenced" in second.stderr
+    assert "Hint:" in second.stderr
+    assert standby.card is None
+    serve.stop()  # resigns: the standby takes over at its next read
+    card = standby.wait_card(20)
+    assert int(str(card["term"])) > info.term
+    assert _objects(etcd_url, cluster) == 1
+    # The elected master leads now: serve refuses, naming it.
+    again = _serve_refused(etcd_url, env)
+    assert again.returncode == 3, again.stderr
+    assert str(card["master"]) in again.stderr

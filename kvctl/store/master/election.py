@@ -190,10 +190,7 @@ class Election:
         unreachable = False
         while not stop.is_set():
             try:
-                if self._try():
-                    self._keeper = threading.Thread(target=self._keep, daemon=True,
-                                                    name="kvctl-master-lease")
-                    self._keeper.start()
+                if self.try_once():
                     return True
                 unreachable = False
             except MetadataError as exc:
@@ -203,6 +200,25 @@ class Election:
                 unreachable = True
             stop.wait(self.poll_s)
         return False
+
+    def try_once(self) -> bool:
+        """Claim the leader key if nobody holds it (``True``: this master leads now, its
+        lease kept from here on), else ``False`` (:meth:`leader` names who leads).
+
+        Raises:
+            MetadataError: etcd cannot be reached.
+        """
+        if not self._try():
+            return False
+        self._keeper = threading.Thread(target=self._keep, daemon=True,
+                                        name="kvctl-master-lease")
+        self._keeper.start()
+        return True
+
+    def leader(self) -> LeaderInfo | None:
+        """Who holds the leader key now (``None``: nobody, or a value kvctl did not write)."""
+        entry = self._etcd.get_entry(self.key)
+        return None if entry is None else LeaderInfo.parse(*entry)
 
     def _try(self) -> bool:
         entry = self._etcd.get_entry(self.key)
