@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.node import StorageNode
@@ -256,3 +257,62 @@ def test_use_stamps_are_written_at_a_bounded_rate() -> None:
     assert sum(st.may_restamp(100.0, 64.0) for _ in range(200)) == 64
     assert not st.may_restamp(100.0, 64.0)
     assert sum(st.may_restamp(100.5, 64.0) for _ in range(200)) == 32
+
+
+def test_a_new_copy_is_never_deleted_by_the_delete_of_the_old_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy leaves the index (found bad; or the quota) while the object stays in DRAM;
+    before its file's delete runs (it waits for the state), DRAM evicts the object and its
+    write-back writes the same name again: that delete must not remove the new file (the
+    index would name a file that is gone)."""
+    hold = threading.Event()
+    real_durable = housekeeping._durable
+    monkeypatch.setattr(housekeeping, "_durable",
+                        lambda core, keys: not hold.is_set() and real_durable(core, keys))
+    root = tmp_path / "dfs"
+    c = SharedCluster(root, policy="write-through")
+    try:
+        node = c.node()
+        with StoreClient(c.address) as client:
+            value = os.urandom(256 * KiB)
+            client.put("a", value)
+            wait_for(lambda: client.stat("a").tier == "dram+shared", what="a's copy")
+            version = client.stat("a").version
+            path = root / file_name("a", version)
+            raw = bytearray(path.read_bytes())
+            raw[-1] ^= 1
+            path.write_bytes(raw)
+            hold.set()  # the delete of the bad file waits (a stalled state)
+            with client._pool.connection() as conn:
+                conn.send(p.SharedBad(keys=["a"], versions=[version]))
+            wait_for(lambda: client.stat("a").tier == "dram", what="the bad copy dropped")
+            for i in range(12):  # a leaves DRAM: its write-back writes the name again
+                client.put(f"fill-{i}", os.urandom(MiB))
+            wait_for(lambda: client.stat("a").tier == "shared", what="a written back")
+            hold.clear()
+            st = c.server.core._shared
+            assert st is not None
+            deadline = time.monotonic() + 10
+            while st.backlog() and time.monotonic() < deadline:
+                c.server.core.tick()  # the delete goes ahead (or is cancelled)
+                time.sleep(0.05)
+            assert not st.backlog()
+            assert path.exists()
+            node.close()
+            assert client.get("a") == value
+    finally:
+        c.close()
+
+
+def test_a_write_claims_its_name_from_a_waiting_delete() -> None:
+    st = SharedState(SharedTierConfig(Path("/unused")))
+    st.unlink_later("/t/x", 0.0, "x")
+    assert st.backlog() == 1
+    assert st.claim("/t/x")  # waiting: cancelled, the write goes ahead
+    assert st.backlog() == 0
+    assert st.take_due(1.0, 10) == []
+    st.unlink_later("/t/x", 0.0, "x")
+    assert st.take_due(1.0, 10) == [("/t/x", "x")]
+    assert not st.claim("/t/x")  # under way: no write renames into the name now
+    st.deleted(["/t/x"])
+    assert st.claim("/t/x")

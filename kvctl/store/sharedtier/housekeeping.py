@@ -17,6 +17,11 @@ A file that leaves the index (evicted by the quota, removed, replaced, found bad
 deleted only once the state change that stops naming it is durable (journal synced, etcd
 took it): a master killed in between would otherwise restart on an index naming a file
 that is gone. Deletes whose change is not durable yet (etcd stalled) wait for a later pass.
+
+A file's name follows from its key and version, so a copy written again (an object that
+left the tier while still in DRAM, evicted from DRAM since) has the name of the one whose
+delete may be waiting: a write claims its name first (:meth:`SharedState.claim`), which
+cancels a delete still waiting, and is refused while one is under way.
 """
 
 from __future__ import annotations
@@ -83,8 +88,13 @@ class SharedState:
         #: key -> (object, node, task id) of its write-through copy in flight
         self.writing: dict[str, tuple[Obj, Node, int]] = {}
         #: heap of (due, seq, path, key): files to delete once due (after a lease) and
-        #: once the state change of ``key`` that stopped naming them is durable
+        #: once the state change of ``key`` that stopped naming them is durable; an entry
+        #: counts only while ``_doomed[path]`` is its seq (a write's claim cancels it)
         self._unlinks: list[tuple[float, int, str, str]] = []
+        self._doomed: dict[str, int] = {}
+        #: files being deleted now (taken off the heap, or found orphaned): no write may
+        #: rename a new copy into their names until that is done
+        self.deleting: set[str] = set()
         self._seq = itertools.count()
         self.fs_free_bytes = -1
         self.fs_total_bytes = -1
@@ -153,15 +163,35 @@ class SharedState:
     def unlink_later(self, path: str, due: float, key: str = "") -> None:
         """Delete ``path`` once ``due`` and once the state change of ``key`` made so far
         (the one that stopped naming the file) is durable."""
-        heapq.heappush(self._unlinks, (due, next(self._seq), path, key))
+        seq = next(self._seq)
+        self._doomed[path] = seq
+        heapq.heappush(self._unlinks, (due, seq, path, key))
 
     def take_due(self, now: float, limit: int) -> list[tuple[str, str]]:
+        """Deletes that are due, as ``(path, key)``; their paths are :attr:`deleting` until
+        :meth:`deleted` (or :meth:`unlink_later` again)."""
         out: list[tuple[str, str]] = []
         heap = self._unlinks
         while heap and heap[0][0] <= now and len(out) < limit:
-            _, _, path, key = heapq.heappop(heap)
+            _, seq, path, key = heapq.heappop(heap)
+            if self._doomed.get(path) != seq:
+                continue  # cancelled by a write, or queued again later
+            del self._doomed[path]
+            self.deleting.add(path)
             out.append((path, key))
         return out
+
+    def deleted(self, paths: list[str]) -> None:
+        """The deletes of ``paths`` are over (done or given up)."""
+        self.deleting.difference_update(paths)
+
+    def claim(self, path: str) -> bool:
+        """A copy is about to be written at ``path``: cancel its waiting delete; ``False``
+        (write nothing) while one is under way."""
+        if path in self.deleting:
+            return False
+        self._doomed.pop(path, None)
+        return True
 
     def next_stamp(self) -> int:
         stamp = self.stamp
@@ -181,7 +211,7 @@ class SharedState:
 
     def backlog(self) -> int:
         """Files waiting to be deleted."""
-        return len(self._unlinks)
+        return len(self._doomed)
 
 
 def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
@@ -193,20 +223,27 @@ def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
             return  # deposed: the files are the new leader's now (the deletes stay queued)
         with core._lock:
             due = st.take_due(core._clock(), UNLINK_BATCH)
-        if due and not _durable(core, [key for _, key in due]):
-            with core._lock:  # the index change is not on record yet: the file stays
-                retry = core._clock() + DURABLE_RETRY_S
-                for path, key in due:
-                    st.unlink_later(path, retry, key)
-            due = []
-        deleted, failures = _unlink_all([path for path, _ in due])
-        wall = time.monotonic()
+        taken = [path for path, _ in due]
         orphans: list[str] = []
-        if st.walk is not None or wall >= st.next_sweep:
-            orphans = _sweep_slice(core, st, wall)
-        if orphans and not core._shared_may_delete():
-            return  # deposed while sweeping: its index may not name the new leader's files
-        purged, more_failures = _unlink_all(orphans)
+        try:
+            if due and not _durable(core, [key for _, key in due]):
+                with core._lock:  # the index change is not on record yet: the file stays
+                    retry = core._clock() + DURABLE_RETRY_S
+                    st.deleted(taken)
+                    for path, key in due:
+                        st.unlink_later(path, retry, key)
+                due, taken = [], []
+            deleted, failures = _unlink_all(taken)
+            wall = time.monotonic()
+            if st.walk is not None or wall >= st.next_sweep:
+                orphans = _sweep_slice(core, st, wall)
+            if orphans and not core._shared_may_delete():
+                return  # deposed while sweeping: its index may not name the new leader's
+            purged, more_failures = _unlink_all(orphans)
+        finally:
+            if taken or orphans:
+                with core._lock:
+                    st.deleted([*taken, *orphans])
         if wall >= st.next_statvfs:
             st.next_statvfs = wall + STATVFS_EVERY_S
             try:
@@ -300,8 +337,9 @@ def _sweep_slice(core: SharedTierMixin, st: SharedState, wall: float) -> list[st
         st.walk = None
         with core._lock:
             st.count_error(errno_name(exc), f"sweep of {cfg.root}: {exc.strerror or exc}")
-    if named:
+    if named or orphans:
         with core._lock:
             orphans.extend(path for path, key, version in named
                            if not core._shared_current(key, version))
+            st.deleting.update(orphans)  # no write renames a copy into them until gone
     return orphans

@@ -119,7 +119,12 @@ class SharedTierMixin(MasterBase):
                     st.may_restamp(self._clock(), RESTAMPS_PER_S)):
                 obj.shared = st.next_stamp()  # would restore in the older half: renew
                 self._persist(obj)
-        return str(st.config.root / file_name(obj.key, obj.version))
+        return self._shared_file(obj)
+
+    def _shared_file(self, obj: Obj) -> str:
+        """``obj``'s shared-tier file, as the master names it (a shared tier is set)."""
+        assert self._shared is not None
+        return str(self._shared.config.root / file_name(obj.key, obj.version))
 
     def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:
         """The answer for an object only the shared tier holds (read by the client)."""
@@ -139,7 +144,7 @@ class SharedTierMixin(MasterBase):
         task = p.Task(task_id=next(self._task_ids), op="shared", key=obj.key,
                       version=obj.version, offset=offset, size=obj.size,
                       checksum=obj.checksum, free_after=free_after,
-                      path=str(self._shared.config.root / file_name(obj.key, obj.version)))
+                      path=self._shared_file(obj))
         node.tasks.append(task)
         if free_after:
             self._cond.notify_all()
@@ -158,6 +163,8 @@ class SharedTierMixin(MasterBase):
             self._cond.notify_all()  # and let the node have it now
         elif st.paused(now) or len(obj.replicas) > 1:
             return False  # another DRAM replica keeps it (its eviction writes it back)
+        elif not st.claim(self._shared_file(obj)):
+            return False  # the name's old file is being deleted this moment
         else:
             task_id = self._shared_task(node, obj, rep.offset, free_after=True).task_id
         if obj.evicting is None:
@@ -252,7 +259,7 @@ class SharedTierMixin(MasterBase):
         obj.shared = 0
         # The caller writes the record that stops naming the file (same lock hold): the
         # delete waits until that change is durable.
-        st.unlink_later(str(st.config.root / file_name(obj.key, obj.version)),
+        st.unlink_later(self._shared_file(obj),
                         max(now, obj.lease_until if obj.readers else now), obj.key)
 
     def _shared_node_gone(self, node: Node) -> None:
@@ -290,8 +297,7 @@ class SharedTierMixin(MasterBase):
                 obj = self._index.get(key)
                 if obj is None or obj.version != version or not obj.shared:
                     continue  # not a file the index names (any more): nothing to check
-                path = str(st.config.root / file_name(obj.key, obj.version))
-                taken = reports.take(obj, path, now) or taken
+                taken = reports.take(obj, self._shared_file(obj), now) or taken
         if taken:
             reports.start(self)
 
@@ -313,8 +319,8 @@ class SharedTierMixin(MasterBase):
         if st is None or not self._shared_check_wanted(obj):
             return
         now = self._clock()
-        path = st.config.root / file_name(obj.key, obj.version)
-        text = f"shared-tier file {path} of {obj.key!r} is bad ({why}): dropped from the index"
+        text = (f"shared-tier file {self._shared_file(obj)} of {obj.key!r} is bad ({why}): "
+                "dropped from the index")
         _log.warning("%s", text)
         st.reports.bad += 1
         st.errors[kind] = st.errors.get(kind, 0) + 1
