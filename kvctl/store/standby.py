@@ -49,16 +49,10 @@ def reserve(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_elected(settings: StoreSettings, *, token: str | None, cluster_id: str,
-                stop: threading.Event, on_leading: Callable[[MasterServer, int], None]
-                ) -> str | None:
-    """Stand by, then lead until ``stop`` is set; ``None`` then, or why this master was
-    deposed (it has stopped serving). ``on_leading(server, term)`` runs once it serves.
-
-    Raises:
-        StoreUnavailableError: the listen address cannot be bound.
-        UsageError: the state is not etcd, or a bad TTL.
-    """
+def _candidate(settings: StoreSettings, *, token: str | None, cluster_id: str
+               ) -> tuple[str, int, socket.socket, Election]:
+    """The listen host, the port reserved for this master (``sock``, bound and not
+    listening) and its part in the election, which names that port."""
     host, port = parse_listen(settings.listen, default_port=DEFAULT_PORT)
     sock = reserve(host, port)
     bound = sock.getsockname()[1]
@@ -69,6 +63,20 @@ def run_elected(settings: StoreSettings, *, token: str | None, cluster_id: str,
     except BaseException:
         sock.close()
         raise
+    return host, bound, sock, election
+
+
+def run_elected(settings: StoreSettings, *, token: str | None, cluster_id: str,
+                stop: threading.Event, on_leading: Callable[[MasterServer, int], None]
+                ) -> str | None:
+    """Stand by, then lead until ``stop`` is set; ``None`` then, or why this master was
+    deposed (it has stopped serving). ``on_leading(server, term)`` runs once it serves.
+
+    Raises:
+        StoreUnavailableError: the listen address cannot be bound.
+        UsageError: the state is not etcd, or a bad TTL.
+    """
+    host, bound, sock, election = _candidate(settings, token=token, cluster_id=cluster_id)
     deposed = threading.Event()
 
     def ended(why: str) -> None:
@@ -132,16 +140,7 @@ def lead_now(settings: StoreSettings, *, token: str | None, cluster_id: str
     """
     from kvctl.transfer.metadata.base import MetadataError
 
-    host, port = parse_listen(settings.listen, default_port=DEFAULT_PORT)
-    sock = reserve(host, port)
-    bound = sock.getsockname()[1]
-    shown = advertised_hosts(host)[0] if is_unspecified(host) else host
-    try:
-        election = Election(settings.state, address=join_host_port(shown, bound),
-                            cluster_id=cluster_id, token=token, ttl_s=settings.ha_ttl)
-    except BaseException:
-        sock.close()
-        raise
+    host, bound, sock, election = _candidate(settings, token=token, cluster_id=cluster_id)
     try:
         try:
             won = election.try_once()
