@@ -253,15 +253,20 @@ def master(
     _warn_inline_tokens(out, tenant)
 
     def announce(server: MasterServer, term: int | None = None) -> None:
+        shared = server.core.status().shared  # the tier as the master resolved it
         if json_:
             out.emit_json("store.master", {"master": server.address, "state": settings.state,
                                            "auth": common.token is not None,
                                            "tenants": [t.name for t in server.tenants],
-                                           "metrics": metrics_url(server), "term": term})
+                                           "metrics": metrics_url(server), "term": term,
+                                           "shared_tier": shared.root if shared else None,
+                                           "shared_tier_policy":
+                                               shared.policy if shared else None})
         else:
             led = f", leader of term {term}" if term is not None else ""
+            tier = f", shared tier {shared.policy} in {shared.root}" if shared else ""
             out.line(Text(f"store master up on {server.address} (state: "
-                           f"{server.core.state.description}{led}); Ctrl-C stops it"))
+                           f"{server.core.state.description}{led}{tier}); Ctrl-C stops it"))
 
     if elects_leader(settings.state):
         with stop_on_signal() as stop:

@@ -269,3 +269,20 @@ def test_store_serve_refuses_a_bad_shared_tier_policy(tmp_path: Path,
     assert r.exit_code == 2
     assert "Error: unknown shared-tier policy 'sometimes'" in r.stderr
     assert "Hint: use one of write-back, write-through" in r.stderr
+
+
+def test_store_master_card_names_its_shared_tier(tmp_path: Path) -> None:
+    root = tmp_path / "dfs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvctl", "store", "master", "--listen", "127.0.0.1:0",
+         "--shared-tier", str(root), "--json"], cwd=REPO, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        env={**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)})
+    try:
+        card = read_json_doc(proc)
+        assert validate_document(card) == "store.master"
+        assert card["shared_tier"] == str(root)
+        assert card["shared_tier_policy"] == "write-back"
+    finally:
+        _, err = stop(proc)
+    assert proc.returncode == 0, err[-2000:]
