@@ -827,7 +827,8 @@ class StoreClient:
         if not bad:
             return
         with contextlib.suppress(KvctlError), self._pool.connection() as conn:
-            conn.send(p.SharedBad(keys=[k for k, _ in bad], versions=[v for _, v in bad]))
+            if conn.shared_reports:  # an older master would answer it: out of step
+                conn.send(p.SharedBad(keys=[k for k, _ in bad], versions=[v for _, v in bad]))
 
     def _flush_releases(self) -> None:
         keys, versions = self._take_releases()

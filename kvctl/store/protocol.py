@@ -424,6 +424,9 @@ class Hello(Struct, frozen=True, tag="hello"):
     #: the most object bytes this master sends behind one :class:`GetReply` (0: it hosts
     #: no node, so never).
     attached_bytes: int = 0
+    #: this master takes :class:`SharedBad` (an older one would answer it, a message that
+    #: gets no reply, and the connection would be out of step)
+    shared_reports: bool = False
 
 
 class Ok(Struct, frozen=True, tag="ok"):

@@ -201,6 +201,8 @@ class MasterConnection:
         self.max_frame_bytes = p.DEFAULT_MAX_FRAME_BYTES
         #: the most object bytes the master sends behind a get reply (0: never).
         self.attached_bytes = 0
+        #: the master takes reports of bad shared-tier files (:class:`protocol.SharedBad`).
+        self.shared_reports = False
         try:
             hello = self._recv()
             if not isinstance(hello, p.Hello):
@@ -209,6 +211,7 @@ class MasterConnection:
             self.instance = hello.instance
             self.max_frame_bytes = hello.max_frame_bytes
             self.attached_bytes = max(0, hello.attached_bytes)
+            self.shared_reports = hello.shared_reports
             if hello.version != p.PROTOCOL_VERSION:
                 raise ProtocolError(
                     f"store master at {address} speaks protocol {hello.version}, "

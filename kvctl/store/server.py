@@ -225,7 +225,8 @@ class MasterServer:
         codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=self._token is not None,
                                  nonce=nonce, max_frame_bytes=self._max_frame,
                                  instance=self.core.instance,
-                                 attached_bytes=self.attached_bytes if self._hold else 0))
+                                 attached_bytes=self.attached_bytes if self._hold else 0,
+                                 shared_reports=True))
         if self._token is None:
             return ""
         frame = reader.recv()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,3 +207,32 @@ def test_a_tenant_reports_only_its_own_keys_and_the_stream_stays_in_step() -> No
     finally:
         alpha.close()
         server.close()
+
+
+def test_a_master_that_does_not_take_reports_gets_none(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older master would answer a SharedBad (a message that gets no reply) and the
+    client's next answer would be that one: a client reports only to a master whose
+    greeting says it takes them."""
+    real = MasterConnection.__init__
+
+    def older(self: MasterConnection, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        self.shared_reports = False  # what an older master's greeting decodes to
+
+    monkeypatch.setattr(MasterConnection, "__init__", older)
+    c = SharedCluster(tmp_path / "dfs")
+    try:
+        c.node()
+        with StoreClient(c.address) as client:
+            client.put("k", os.urandom(MiB))
+            _evict(client, "k")
+            damage_file(tmp_path / "dfs" / file_name("k", client.stat("k").version), "flip")
+            with pytest.raises(ObjectNotFoundError):
+                client.get("k")
+            assert client.exists("k")  # in step: the answer is this request's
+            st = client.status().shared
+            assert st is not None
+            assert st.reports == 0
+    finally:
+        c.close()
