@@ -27,7 +27,12 @@ from tests.store.conftest import wait_for
 from tests.store.test_shared_tier import MiB, SharedCluster, _evict, damage_file
 
 
-def test_verify_says_what_is_wrong_and_trusts_only_the_index(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunked", [False, True], ids=["whole", "in-chunks"])
+def test_verify_says_what_is_wrong_and_trusts_only_the_index(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunked: bool) -> None:
+    if chunked:  # as a large object is checked: header, length, streaming xxh3
+        monkeypatch.setattr(reports, "WHOLE_READ_MAX", 0)
+        monkeypatch.setattr(reports, "CHUNK", 4096)
     data = os.urandom(100_000)
     path = tmp_path / file_name("k", 5)
     csum = checksum(data)

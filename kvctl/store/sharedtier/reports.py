@@ -30,8 +30,20 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import xxhash
+
+from kvctl.store.checksum import ALGORITHM
 from kvctl.store.master.records import Obj
-from kvctl.store.sharedtier.fileformat import SharedMissError, errno_name, read_bytes
+from kvctl.store.sharedtier.fileformat import (
+    FORMAT,
+    HEADER,
+    MAGIC,
+    SharedMissError,
+    errno_name,
+    file_bytes,
+    header_bytes,
+    read_bytes,
+)
 
 if TYPE_CHECKING:
     from kvctl.store.sharedtier.mixin import SharedTierMixin
@@ -49,6 +61,11 @@ GOOD_FOR_S = 60.0
 GOOD_MEMORY = 4096
 #: Bytes of reported files the master reads a second at most.
 VERIFY_BYTES_PER_S = 256 << 20
+#: Objects up to this size are checked by the clients' own read (into memory); larger ones
+#: a chunk at a time, so a large object's check never holds its size in the master.
+WHOLE_READ_MAX = 64 << 20
+#: Bytes one read of a large object's check takes.
+CHUNK = 4 << 20
 
 
 def verify(path: Path, key: str, version: int, size: int, csum: int) -> tuple[str, str] | None:
@@ -63,6 +80,8 @@ def verify(path: Path, key: str, version: int, size: int, csum: int) -> tuple[st
         before = os.lstat(path)
     except FileNotFoundError:
         return "ENOENT", "missing"
+    if size > WHOLE_READ_MAX and ALGORITHM == "xxh3-64":
+        return _verify_in_chunks(path, key, version, size, csum)
     try:
         read_bytes(path, key, version, csum, size)
     except SharedMissError as exc:
@@ -74,6 +93,49 @@ def verify(path: Path, key: str, version: int, size: int, csum: int) -> tuple[st
             # opened or read failed on a file that is there: the file system's fault
             raise OSError(errno.EIO, exc.cause) from None
         return "corrupt", exc.cause.replace(repr(key), "its copy")
+    return None
+
+
+def _verify_in_chunks(path: Path, key: str, version: int, size: int, csum: int
+                      ) -> tuple[str, str] | None:
+    """:func:`verify` of a large object: its header, its length, then its bytes through a
+    streaming xxh3-64 (:data:`CHUNK` at a time)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return "ENOENT", "missing"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "corrupt", "a symbolic link"
+        raise
+    try:
+        info = os.fstat(fd)
+        if _special(info.st_mode):
+            return "corrupt", "not a regular file"
+        kb = key.encode("utf-8", "surrogatepass")
+        if info.st_size != file_bytes(key, size):
+            return "corrupt", ("truncated" if info.st_size < file_bytes(key, size)
+                               else "longer than its object")
+        head = os.pread(fd, header_bytes(key), 0)
+        if len(head) != header_bytes(key):
+            return "corrupt", "truncated"
+        magic, fmt, key_len, fsize, fsum, fversion, _epoch = HEADER.unpack_from(head)
+        if (magic, fmt, key_len, fsize, fsum, fversion) != (
+                MAGIC, FORMAT, len(kb), size, csum, version) or head[HEADER.size:] != kb:
+            return "corrupt", "a header for another object (torn or reused)"
+        digest = xxhash.xxh3_64()
+        offset, left = len(head), size
+        while left:
+            chunk = os.pread(fd, min(CHUNK, left), offset)
+            if not chunk:
+                return "corrupt", "truncated"
+            digest.update(chunk)
+            offset += len(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if digest.intdigest() != csum:
+        return "corrupt", "fails its checksum"
     return None
 
 
