@@ -30,10 +30,15 @@ PREFIX = "kvctl-"
 GRACE_S = 30.0
 #: directory entries one sweep looks at, at most
 SWEEP_LIMIT = 4096
+#: the largest pid Linux hands out (``PID_MAX_LIMIT`` on 64-bit); a name with a larger
+#: one was not made by a segment's owner
+PID_LIMIT = 1 << 22
 
 
 def pid_alive(pid: int) -> bool:
     """Whether a process ``pid`` exists on this host (one we may not signal counts)."""
+    if not 0 < pid <= PID_LIMIT:  # no such process (and os.kill overflows past a C int)
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -61,7 +66,8 @@ def owner_pid(name: str) -> int | None:
     parts = name.rsplit("-", 2)
     if len(parts) != 3 or not parts[1].isascii() or not parts[1].isdecimal():
         return None
-    return int(parts[1])
+    pid = int(parts[1][:9])  # (a longer run of digits is no pid; int() of it costs)
+    return pid if 0 < pid <= PID_LIMIT and len(parts[1]) <= 9 else None
 
 
 def sweep_dead(shm_dir: Path, *, grace_s: float = GRACE_S, limit: int = SWEEP_LIMIT
