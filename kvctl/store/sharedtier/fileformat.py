@@ -47,7 +47,8 @@ COUNTED_ERRNOS = ("ENOSPC", "EDQUOT", "ESTALE", "EIO")
 #: how readers open tier files, and (one item) with ``O_NOATIME``, until the first ``EPERM``
 #: (a file this user neither owns nor may touch the times of)
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_READ_FLAGS = [_OPEN_FLAGS | getattr(os, "O_NOATIME", 0)]
+_NOATIME = getattr(os, "O_NOATIME", 0)
+_READ_FLAGS = [_OPEN_FLAGS | _NOATIME]
 
 
 class SharedMissError(StoreError):
@@ -181,7 +182,9 @@ def _open(path: str | Path, key: str) -> int:
 def _reopen(path: str | Path, key: str, exc: OSError) -> int:
     """After an open of ``path`` failed with ``exc``: again without ``O_NOATIME`` when that
     was what was refused (``EPERM``: a file of another user), else a miss."""
-    if exc.errno == errno.EPERM and _READ_FLAGS[0] != _OPEN_FLAGS:
+    # Whatever _READ_FLAGS says now: another reading thread may have cleared it since
+    # this thread's open, which still asked for O_NOATIME (a real EPERM costs one more try).
+    if exc.errno == errno.EPERM and _NOATIME:
         _READ_FLAGS[0] = _OPEN_FLAGS
         try:
             return os.open(path, _OPEN_FLAGS)

@@ -1,0 +1,75 @@
+"""Hostile conditions for the client's shared-tier file reads (kvctl.store.sharedtier).
+
+Readers of a file this user does not own: O_NOATIME is refused (EPERM). The first thread
+to be refused turned the flag off for everyone; a second thread refused at the same time
+then saw the flag already off, took its EPERM for a real one and reported a miss (and the
+client reported a good file as bad). Reproduced as a real other user (nobody) against
+root's files: 30 misses in 50 rounds of 8 threads before the fix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import kvctl
+from kvctl.store.checksum import checksum
+from kvctl.store.sharedtier.fileformat import file_name, write_object
+
+_PROBE = textwrap.dedent("""
+    import os, sys, threading
+    from kvctl.store.sharedtier import fileformat
+    from kvctl.store.sharedtier.fileformat import SharedMissError, read_object
+    files = [(p, k, int(c), int(n)) for p, k, c, n in
+             (line.split() for line in sys.stdin.read().splitlines())]
+    os.setgid(65534)
+    os.setuid(65534)
+    misses = []
+    for _ in range(20):
+        fileformat._READ_FLAGS[0] = fileformat._OPEN_FLAGS | os.O_NOATIME  # a new process
+        gate = threading.Barrier(len(files))
+
+        def read(f):
+            gate.wait(10)
+            try:
+                read_object(f[0], f[1], 1, f[2], f[3])
+            except SharedMissError as exc:
+                misses.append(exc.cause)
+
+        threads = [threading.Thread(target=read, args=(f,)) for f in files]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    print(len(misses), misses[:1])
+""")
+
+
+def test_threads_refused_o_noatime_at_once_all_read_the_file(tmp_path: Path) -> None:
+    if not getattr(os, "O_NOATIME", 0):
+        pytest.skip("no O_NOATIME on this platform")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to read as another user (nobody)")
+    root = Path("/var/tmp") / f"kvctl-hostile-noatime-{os.getpid()}"  # nobody can reach it
+    root.mkdir(mode=0o755)
+    try:
+        lines = []
+        for i in range(8):
+            data = os.urandom(4096)
+            path = root / file_name(f"k{i}", 1)
+            write_object(path, f"k{i}", 1, memoryview(data), checksum(data), "ab" * 8)
+            path.chmod(0o644)
+            path.parent.chmod(0o755)
+            lines.append(f"{path} k{i} {checksum(data)} {len(data)}")
+        out = subprocess.run([sys.executable, "-c", _PROBE], input="\n".join(lines),
+                             capture_output=True, text=True, timeout=60, check=False,
+                             env={**os.environ, "PYTHONPATH": str(Path(kvctl.__file__).parents[1])})
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[0] == "0", out.stdout
+    finally:
+        subprocess.run(["rm", "-rf", str(root)], check=False)
