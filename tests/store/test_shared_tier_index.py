@@ -316,3 +316,16 @@ def test_a_write_claims_its_name_from_a_waiting_delete() -> None:
     assert not st.claim("/t/x")  # under way: no write renames into the name now
     st.deleted(["/t/x"])
     assert st.claim("/t/x")
+
+
+def test_copies_stamped_in_a_row_share_one_stamp() -> None:
+    """A large tier's copies share about 1,024 stamps (one int object each: no memory per
+    copy); a small tier's are exact."""
+    st = SharedState(SharedTierConfig(Path("/unused")))
+    assert [st.next_stamp() for _ in range(3)] == [2, 3, 4]
+    st.stamp = base = 1 << 40  # past the small ints Python keeps one object of anyway
+    st.files = 4 * housekeeping.STAMP_BUCKETS  # buckets of 4 copies
+    got = [st.next_stamp() for _ in range(9)]
+    assert got == [base] * 3 + [base + 1] * 4 + [base + 2] * 2
+    assert got[3] is got[6]
+    assert st.stamp_age(base + 1) == 4

@@ -50,10 +50,12 @@ def _restore(core: MasterBase) -> int:
     nodes: dict[str, Node] = {}
     objects: dict[str, Obj] = {}
     max_version = 0
+    #: one int object per shared-tier use stamp (copies stamped in a row share one)
+    stamps: dict[int, int] = {}
     for entry in core.state.replay():
         if isinstance(entry, ObjectRecord):
             max_version = max(max_version, entry.version)
-            objects[entry.key] = _object(entry, nodes, now)
+            objects[entry.key] = _object(entry, nodes, now, stamps)
         elif isinstance(entry, NodeRecord):
             same = nodes.get(entry.node_id)
             if same is not None and same.epoch == entry.epoch and (
@@ -111,7 +113,8 @@ def _restore(core: MasterBase) -> int:
     return max_version
 
 
-def _object(rec: ObjectRecord, nodes: dict[str, Node], now: float) -> Obj:
+def _object(rec: ObjectRecord, nodes: dict[str, Node], now: float, stamps: dict[int, int]
+            ) -> Obj:
     """An object from its record, its copies resolved to the nodes known at this point of
     the replay (a copy of another epoch than the node's is gone)."""
     replicas: list[Replica] = []
@@ -126,4 +129,5 @@ def _object(rec: ObjectRecord, nodes: dict[str, Node], now: float) -> Obj:
         if node is not None and (not epoch or epoch == node.epoch) and node not in ssd:
             ssd.append(node)
     return Obj(rec.key, rec.size, rec.checksum, rec.version, tuple(replicas), tuple(ssd),
-               created=now, pinned=rec.pinned, shared=rec.shared)
+               created=now, pinned=rec.pinned,
+               shared=stamps.setdefault(rec.shared, rec.shared) if rec.shared else 0)

@@ -62,6 +62,10 @@ STATVFS_EVERY_S = 5.0
 DURABLE_WAIT_S = 0.05
 #: Seconds before deletes whose state change was not durable are tried again.
 DURABLE_RETRY_S = 0.5
+#: About how many distinct use stamps the tier's copies have: copies stamped in a row
+#: share one (one int object for all of them: 32 bytes per copy less in a large tier), so
+#: the restored LRU order is exact to 1/STAMP_BUCKETS of the tier.
+STAMP_BUCKETS = 1024
 
 
 class SharedState:
@@ -106,9 +110,10 @@ class SharedState:
         self.orphans_found = 0
         #: files clients reported bad, checked by a thread of their own
         self.reports = BadFileReports()
-        #: the next use stamp of a copy (``Obj.shared``; see the mixin): 1 is what
-        #: records of older kvctl versions hold
+        #: the current use stamp (``Obj.shared``; see the mixin) and how many copies took
+        #: it; 1 is what records of older kvctl versions hold
         self.stamp = 2
+        self._in_bucket = 0
         self._restamp_tokens = 0.0
         self._restamp_at = 0.0
 
@@ -194,9 +199,20 @@ class SharedState:
         return True
 
     def next_stamp(self) -> int:
-        stamp = self.stamp
-        self.stamp += 1
-        return stamp
+        """A use stamp for a copy landing (or used) now: the current one, shared by
+        ``files // STAMP_BUCKETS`` copies in a row (at least 1)."""
+        if self._in_bucket >= self._bucket():
+            self.stamp += 1
+            self._in_bucket = 0
+        self._in_bucket += 1
+        return self.stamp
+
+    def stamp_age(self, stamp: int) -> int:
+        """About how many copies were stamped after ``stamp``."""
+        return (self.stamp - stamp) * self._bucket()
+
+    def _bucket(self) -> int:
+        return max(1, self.files // STAMP_BUCKETS)
 
     def may_restamp(self, now: float, per_s: float) -> bool:
         """Whether a use stamp may be written into a record now (a token bucket of

@@ -11,7 +11,9 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
   renamed into place; the file's name follows from the key and version
   (:func:`~kvctl.store.sharedtier.fileformat.file_name`), so a record costs no string.
   ``Obj.shared`` is the copy's *use stamp* (0: no copy): a counter taken when the copy
-  lands and, coarsely, when it is used (below), kept in the object's record.
+  lands and, coarsely, when it is used (below), kept in the object's record; copies
+  stamped in a row share one value (about 1,024 in the tier,
+  :data:`~kvctl.store.sharedtier.housekeeping.STAMP_BUCKETS`), so a stamp costs no memory.
 - A get of an object with no DRAM replica (nor SSD copy) on an alive node answers the
   file's path and no location: the client reads it itself (no node hop) and verifies it.
   Every other get of an object with a shared copy names the file too, so a client whose
@@ -55,7 +57,7 @@ _log = logging.getLogger("kvctl.store.master")
 
 #: Most use stamps written into records a second (see the module's docstring).
 RESTAMPS_PER_S = 64.0
-#: A recorded stamp is renewed only when at least this many copies are stamped after it.
+#: A recorded stamp is renewed only when about this many copies were stamped after it.
 RESTAMP_MIN_AGE = 64
 _USE_ORDER = operator.attrgetter("shared")
 
@@ -88,8 +90,8 @@ class SharedTierMixin(MasterBase):
                                  "tier, and this master has none",
                                  "start it with --shared-tier DIR (the same directory)")
             return
-        # least recently used first: by use stamp (unique but for records of older kvctl
-        # versions, which have 1 and keep their replay order); one int key: 0.4 s per 10^6
+        # least recently used first: by use stamp (copies of one stamp, and records of
+        # older kvctl versions, which have 1, keep their replay order); 0.4 s per 10^6
         held.sort(key=_USE_ORDER)
         for obj in held:
             st.track(obj, file_bytes(obj.key, obj.size))
@@ -115,7 +117,7 @@ class SharedTierMixin(MasterBase):
         if lru.get(obj.key) is obj:
             del lru[obj.key]
             lru[obj.key] = obj
-            if st.stamp - obj.shared > max(RESTAMP_MIN_AGE, st.files // 2) and (
+            if st.stamp_age(obj.shared) > max(RESTAMP_MIN_AGE, st.files // 2) and (
                     st.may_restamp(self._clock(), RESTAMPS_PER_S)):
                 obj.shared = st.next_stamp()  # would restore in the older half: renew
                 self._persist(obj)
