@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,6 +148,7 @@ def main() -> None:
     finally:
         node.close()
         server.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
