@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -347,9 +348,27 @@ def measure_state(state: str, n: int, env: dict[str, str]) -> dict[str, Any]:
         restart_s = system.restart()
         return {"n": n, "state": "etcd" if "://" in state else "journal", "puts_per_s": rate,
                 "restart_s": restart_s, "lost": lost(system, n),
-                "wrong": wrong_bytes(system, n)}
+                "wrong": wrong_bytes(system, n), "load_average": os.getloadavg()[0]}
     finally:
         system.close()
+
+
+def forget_etcd_state(url: str, cluster_id: str) -> int:
+    """Delete a run's keys from etcd (the next run starts on an etcd as empty as this
+    one did); etcd's database size before, bytes."""
+    from kvctl.transfer.metadata import key_prefix, open_metadata
+    from kvctl.transfer.metadata.etcd import EtcdMetadata, prefix_range_end
+
+    with open_metadata(url, timeout_s=120) as meta:
+        assert isinstance(meta, EtcdMetadata)
+        host, port = meta.endpoints()[0]
+        request = urllib.request.Request(f"http://{host}:{port}/v3/maintenance/status",
+                                         data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            db_bytes = int(json.loads(reply.read()).get("dbSize", 0))
+        prefix = key_prefix(cluster_id)
+        meta.write_batch([], delete_ranges=[(prefix, prefix_range_end(prefix.encode()).decode())])
+    return db_bytes
 
 
 # ---------------------------------------------------------------- core only
@@ -454,7 +473,8 @@ def report(rows: list[dict[str, Any]], states: list[dict[str, Any]]) -> None:
             print(f"{c:18}{_fmt(kv):>12}{_fmt(mv):>12}{ratio(kv, mv):>10}")
     for s in states:
         print(f"state {s['state']:8} {s['n']:>9,}: {s['puts_per_s']:,.0f} puts/s, restart "
-              f"{s['restart_s']:.1f} s, lost {s['lost']}, wrong {s['wrong']}")
+              f"{s['restart_s']:.1f} s, lost {s['lost']}, wrong {s['wrong']} (load average "
+              f"{s['load_average']:.1f})")
 
 
 def plot(rows: list[dict[str, Any]], states: list[dict[str, Any]], core: list[dict[str, Any]],
@@ -527,7 +547,13 @@ def main() -> int:
                     spec, env = args.etcd, {"KVCTL_CLUSTER_ID": f"scale-{n}-{os.getpid()}"}
                 else:
                     continue
-                srow = measure_state(spec, n, env)
+                try:
+                    srow = measure_state(spec, n, env)
+                finally:
+                    db_bytes = (forget_etcd_state(spec, env["KVCTL_CLUSTER_ID"])
+                                if state == "etcd" else None)
+                if db_bytes is not None:
+                    srow["etcd_db_bytes"] = db_bytes
                 print(json.dumps(srow), flush=True)
                 states.append(srow)
         finally:

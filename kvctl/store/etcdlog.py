@@ -3,8 +3,8 @@
 Under ``kvctl/[cluster/]store/``:
 
 - ``log/<seq>.<writer>``: one key per write-behind batch (one etcd transaction), its value a
-  msgpack array of :data:`~kvctl.store.statebase.JournalEntry` records, so a batch of
-  thousands of changes costs etcd one key, not one per change. ``seq`` (24 hex digits) is
+  msgpack array of :data:`~kvctl.store.statebase.JournalEntry` records, compressed
+  (:func:`pack`), so a batch of thousands of changes costs etcd one key, not one per change. ``seq`` (24 hex digits) is
   the writer's etcd revision when it started, shifted 32 bits, plus a counter: a master
   started later (a restart, a standby that took over) writes after everything an earlier
   one wrote. ``writer`` names the process, so two never overwrite each other's batch.
@@ -22,7 +22,7 @@ Under ``kvctl/[cluster/]store/``:
 Loading reads everything at one revision (the manifest's), in pages, the next page fetched
 while one is decoded. etcd's JSON gateway costs about 15 us per key and etcd 3.4 counts
 the rest of a range on every paged request, so a million records as a million keys took
-23 s to read here; as about a hundred chunks, about one.
+23 s to read here; as a few thousand log batches, 3 s (most of it decoding the records).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import contextlib
 import logging
 import queue
 import threading
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import msgspec
@@ -85,7 +86,10 @@ def chunks_prefix(prefix: str, gen: int) -> str:
 
 
 def pack(entries: Sequence[bytes]) -> bytes:
-    """A msgpack array of already encoded records."""
+    """The value of a log batch or snapshot chunk: a msgpack array of already encoded
+    records, compressed (zlib level 1: a quarter of the bytes, and etcd's JSON gateway
+    costs about 0.1 us per byte: a batch of 512 records is written in 2.0 ms instead of
+    5.2, for 0.4 ms of compression)."""
     n = len(entries)
     if n < 16:
         head = bytes([0x90 | n])
@@ -93,7 +97,20 @@ def pack(entries: Sequence[bytes]) -> bytes:
         head = b"\xdc" + n.to_bytes(2, "big")
     else:
         head = b"\xdd" + n.to_bytes(4, "big")
-    return head + b"".join(entries)
+    return zlib.compress(head + b"".join(entries), 1)
+
+
+class _Unpacker:
+    """Reads what :func:`pack` wrote; ``None`` for a value that is not that."""
+
+    def __init__(self) -> None:
+        self._decoder = msgspec.msgpack.Decoder(list[JournalEntry])
+
+    def __call__(self, value: bytes) -> list[JournalEntry] | None:
+        try:
+            return self._decoder.decode(zlib.decompress(value))
+        except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
+            return None
 
 
 def delete_entry(kind_key: str) -> bytes:
@@ -225,14 +242,13 @@ class LogReader:
         yield from self._log(first)
 
     def _snapshot(self, manifest: Manifest) -> Iterator[JournalEntry]:
-        decoder = msgspec.msgpack.Decoder(list[JournalEntry])
+        unpack = _Unpacker()
         parts = 0
         for key, value in self._read(chunks_prefix(self._prefix, manifest.gen), BLOB_PAGE):
             parts += 1
-            try:
-                records = decoder.decode(value)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                raise self._unreadable(key) from None
+            records = unpack(value)
+            if records is None:
+                raise self._unreadable(key)
             yield from records
         if parts != manifest.parts:
             raise StoreUnavailableError(
@@ -251,15 +267,14 @@ class LogReader:
         """The log from batch ``first`` on, folded to the last change of each key, nodes
         first (changes of one key may have moved behind others' in the write-behind
         queue: a node's record can come after objects placed on it)."""
-        decoder = msgspec.msgpack.Decoder(list[JournalEntry])
+        unpack = _Unpacker()
         nodes: dict[str, JournalEntry] = {}
         objects: dict[str, JournalEntry] = {}
         for key, value in self._read(self._prefix + LOG, BLOB_PAGE,
                                      start=log_key(self._prefix, first)):
-            try:
-                records = decoder.decode(value)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                raise self._unreadable(key) from None
+            records = unpack(value)
+            if records is None:
+                raise self._unreadable(key)
             self.log_batches += 1
             self.log_changes += len(records)
             for entry in records:

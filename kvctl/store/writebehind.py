@@ -232,7 +232,9 @@ class MetadataState(StateBackend):
             self._queue.pop(key, None)
             self._queue[key] = (self._seq, value)
             self._local.seq = self._seq
-            self._cv.notify()
+            # No writer is woken here: the request's thread wakes them when it acks, once
+            # every change it makes is queued (one batch, not the first few changes of it
+            # in one and the rest in more round trips); the tick wakes them for the rest.
 
     def put_object(self, record: ObjectRecord) -> None:
         self._change(self._prefix + "objects/" + record.key, self._encoder.encode(record))
@@ -260,6 +262,7 @@ class MetadataState(StateBackend):
         wait_s = self._ack_timeout_s if timeout_s is None else timeout_s
         started = time.monotonic()
         with self._cv:
+            self._cv.notify_all()
             while self._durable < seq:
                 now = time.monotonic()
                 left = started + wait_s - now
@@ -283,6 +286,11 @@ class MetadataState(StateBackend):
             return (f"master state {self.description} is {backlog} changes behind "
                     f"(more than {self._max_backlog})")
         return None
+
+    def sync(self) -> None:
+        if self._queue:  # changes nobody acknowledges (an eviction's): written now
+            with self._cv:
+                self._cv.notify_all()
 
     @property
     def backlog(self) -> int:
@@ -516,6 +524,7 @@ class MetadataState(StateBackend):
                     self._client.close()
                 return
             self._closed = True
+            self._cv.notify_all()
             deadline = time.monotonic() + self._ack_timeout_s
             while self._queue and self._error is None and time.monotonic() < deadline:
                 self._cv.wait(0.05)
