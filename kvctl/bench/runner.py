@@ -42,6 +42,17 @@ MAX_REQUEST_SAMPLES = 200
 REQUEST_SHARE = 0.15
 #: Single-request latency sampling stops after this many failures in a row.
 MAX_FAILED_SAMPLES = 5
+#: Most characters of an engine's cause a row (``first_error``) or an error repeats.
+MAX_CAUSE_CHARS = 300
+
+
+def one_line(cause: str) -> str:
+    """An engine's cause as one printable line of at most :data:`MAX_CAUSE_CHARS`: it may
+    carry a target's own error text (up to 64 KiB off the wire), and it lands in a table,
+    a CSV row that must stay one line, and the ``Error:`` line on a terminal."""
+    text = "".join(c if c.isprintable() else " " for c in cause[:4 * MAX_CAUSE_CHARS])
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_CAUSE_CHARS else text[:MAX_CAUSE_CHARS - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,7 +288,7 @@ class SweepRunner:
                     samples.append(time.perf_counter() - t0)
                     errors[thread] += outcome.errors
                     if outcome.errors and causes[thread] is None:
-                        causes[thread] = outcome.cause or "the engine gave no cause"
+                        causes[thread] = one_line(outcome.cause or "the engine gave no cause")
                     got = retries[thread]
                     retries[thread] = (None if got is None or outcome.retries is None
                                        else got + outcome.retries)
@@ -378,5 +389,5 @@ class SweepRunner:
         if outcome.errors:
             raise CheckFailedError(
                 f"{where}: {outcome.errors} request(s) failed while {what}"
-                + (f" (first: {outcome.cause})" if outcome.cause else ""),
+                + (f" (first: {one_line(outcome.cause)})" if outcome.cause else ""),
                 "the engine reported failures; rerun with -v for every cause")
