@@ -126,7 +126,7 @@ class SharedTierMixin(MasterBase):
     def _shared_file(self, obj: Obj) -> str:
         """``obj``'s shared-tier file, as the master names it (a shared tier is set)."""
         assert self._shared is not None
-        return str(self._shared.config.root / file_name(obj.key, obj.version))
+        return self._shared.prefix + file_name(obj.key, obj.version)
 
     def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:
         """The answer for an object only the shared tier holds (read by the client)."""
