@@ -222,13 +222,14 @@ def test_store_serve_shared_tier_writes_through_and_reads_the_file(tmp_path: Pat
                 client.put(f"fill-{i}", os.urandom(MiB))
             wait_for(lambda: client.stat("keep").tier == "shared", what="DRAM copy gone")
             assert client.stat("keep").replicas == []
+            # every object gets its write-through copy (the last ones a moment later);
+            # until then an evicted object's copy may still land and change the counts
+            wait_for(lambda: scrape(card["metrics"])[f"{NS}_files"] == 7, what="7 copies")
             scraped = scrape(card["metrics"])
             only_files = [k for k in ("keep", *(f"fill-{i}" for i in range(6)))
                           if client.stat(k).tier == "shared"]
             assert "keep" in only_files
             assert scraped['kvctl_store_objects{tier="shared"}'] == len(only_files)
-            # every object gets its write-through copy (the last ones a moment later)
-            wait_for(lambda: scrape(card["metrics"])[f"{NS}_files"] == 7, what="7 copies")
             assert scraped[f"{NS}_max_files"] == 100
             assert client.get("keep") == keep  # only the file holds it now
             # and it is the file that answered: damaged, the object is a miss
