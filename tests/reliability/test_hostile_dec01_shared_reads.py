@@ -5,6 +5,8 @@ to be refused turned the flag off for everyone; a second thread refused at the s
 then saw the flag already off, took its EPERM for a real one and reported a miss (and the
 client reported a good file as bad). Reproduced as a real other user (nobody) against
 root's files: 30 misses in 50 rounds of 8 threads before the fix.
+
+A batch racing its client's close() started reading threads nobody stopped.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 import kvctl
+from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
+from kvctl.store.sharedtier import reader as reader_mod
 from kvctl.store.sharedtier.fileformat import file_name, write_object
+from kvctl.store.sharedtier.reader import SharedReader
 
 _PROBE = textwrap.dedent("""
     import os, sys, threading
@@ -73,3 +80,45 @@ def test_threads_refused_o_noatime_at_once_all_read_the_file(tmp_path: Path) -> 
         assert out.stdout.split()[0] == "0", out.stdout
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
+
+
+def _live_readers() -> int:
+    return sum(t.name.startswith("kvctl-shared-read") for t in threading.enumerate())
+
+
+def test_a_batch_racing_close_leaves_no_reading_threads(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """StoreClient.close() from one thread while another is in a batched get: the batch's
+    next share started a new pool after close() had stopped the old one, and nothing ever
+    stopped that one (3 threads leaked per client so closed)."""
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)  # threads for any batch
+    values = [os.urandom(2000 + i) for i in range(12)]
+    wanted = []
+    for i, v in enumerate(values):
+        path = tmp_path / file_name(f"k{i}", 1)
+        write_object(path, f"k{i}", 1, memoryview(v), checksum(v), "ab" * 8)
+        wanted.append((f"k{i}", p.GetSlot(key=f"k{i}", size=len(v), checksum=checksum(v),
+                                          version=1, locations=[], shared=str(path)), None))
+    before = _live_readers()
+    reader = SharedReader(threads=4)
+    closed = threading.Event()
+    got: list[list[object]] = []
+
+    def batches() -> None:
+        for _ in range(10_000):  # until close(), then one more
+            last = closed.is_set()
+            got.append(list(reader.read_many(wanted)))
+            if last:
+                return
+
+    worker = threading.Thread(target=batches)
+    worker.start()
+    time.sleep(0.05)
+    reader.close()
+    closed.set()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert all(g == values for g in got)
+    assert reader._pool is None
+    assert _live_readers() == before

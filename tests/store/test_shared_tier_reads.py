@@ -299,8 +299,6 @@ def test_read_many_after_close_or_fork_reads_every_share(tmp_path: Path,
         assert pool is not None
         pool.shutdown(wait=True)  # as close() from another thread, mid-batch
         assert reader.read_many(wanted) == values
-        reader.close()
-        assert reader.read_many(wanted) == values  # a new pool
         pid = os.fork()
         if pid == 0:  # the child: exit 0 only if the batch completes, within 20 s
             import signal
@@ -311,6 +309,9 @@ def test_read_many_after_close_or_fork_reads_every_share(tmp_path: Path,
                 os._exit(2)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+        reader.close()
+        assert reader.read_many(wanted) == values  # on this thread: no pool after close
+        assert reader._pool is None
     finally:
         reader.close()
 

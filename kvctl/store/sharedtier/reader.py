@@ -64,6 +64,8 @@ class SharedReader:
         self.misses = 0
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
+        #: set by :meth:`close`: batches read on their caller's thread from then on
+        self._closed = False
         #: seconds a unit of reading takes (see UNIT_BYTES), as recent batches took it
         self._unit_s = UNIT_S
         self._lock = threading.Lock()
@@ -111,17 +113,21 @@ class SharedReader:
         return out
 
     def close(self) -> None:
-        """Stop the reading threads (a later batch starts them again)."""
+        """Stop the reading threads; a later batch (one racing the close of its client)
+        reads on its caller's thread and starts none that nobody would stop."""
         with self._lock:
+            self._closed = True
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
 
     def _submit(self, wanted: Sequence[Want], start: int, end: int
                 ) -> Future[list[Got]] | None:
-        """``wanted[start:end]`` handed to a reading thread, or ``None`` when the pool was
-        just closed (the caller reads that share itself)."""
+        """``wanted[start:end]`` handed to a reading thread, or ``None`` once the reader
+        is closed (the caller reads that share itself)."""
         with self._lock:
+            if self._closed:
+                return None
             if self._pool is None or self._pool_pid != os.getpid():
                 # Started on first use, and again in a forked child: the parent's threads
                 # are not there, and a pool that believes it has idle ones would never run
