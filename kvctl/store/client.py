@@ -539,6 +539,10 @@ class StoreClient:
         out: list[int | KvctlError] = []
         for start, end in self._key_chunks(len(keys)):
             views = [memoryview(b).cast("B") for b in buffers[start:end]]
+            if any(v.readonly for v in views):  # (else a raw BufferError, or 'unavailable')
+                i = start + next(j for j, v in enumerate(views) if v.readonly)
+                raise BadRequestError(f"buffer {i} (for {keys[i]!r}) is read-only",
+                                      "pass writable buffers (bytearray, mmap, numpy array)")
             for r in self._get_chunk(list(keys[start:end]), views):
                 out.append(r if isinstance(r, KvctlError) else len(r) if isinstance(r, bytes)
                            else r)
