@@ -143,7 +143,7 @@ def lead_now(settings: StoreSettings, *, token: str | None, cluster_id: str
     host, bound, sock, election = _candidate(settings, token=token, cluster_id=cluster_id)
     try:
         try:
-            won = election.try_once()
+            won = election.try_once(standby=False)  # refused: it never stands by
             holder = None if won else election.leader()
         except MetadataError as exc:
             raise StoreUnavailableError(

@@ -201,14 +201,16 @@ class Election:
             stop.wait(self.poll_s)
         return False
 
-    def try_once(self) -> bool:
+    def try_once(self, *, standby: bool = True) -> bool:
         """Claim the leader key if nobody holds it (``True``: this master leads now, its
         lease kept from here on), else ``False`` (:meth:`leader` names who leads).
+        ``standby=False``: a master that will not wait (``store serve``) logs no
+        "standby ... taking over once its lease expires".
 
         Raises:
             MetadataError: etcd cannot be reached.
         """
-        if not self._try():
+        if not self._try(standby=standby):
             return False
         self._keeper = threading.Thread(target=self._keep, daemon=True,
                                         name="kvctl-master-lease")
@@ -220,13 +222,14 @@ class Election:
         entry = self._etcd.get_entry(self.key)
         return None if entry is None else LeaderInfo.parse(*entry)
 
-    def _try(self) -> bool:
+    def _try(self, *, standby: bool = True) -> bool:
         entry = self._etcd.get_entry(self.key)
         replace = 0
         if entry is not None:
             info = LeaderInfo.parse(*entry)
             if info is None or not self._gone(info):
-                self._standing_by(info, entry[1])
+                if standby:
+                    self._standing_by(info, entry[1])
                 return False
             replace = entry[1]
             _log.warning("store master: leader %s ran on this host and is gone; taking "
@@ -234,7 +237,7 @@ class Election:
         won, term = self._claim(replace=replace)
         if not won:
             entry = self._etcd.get_entry(self.key)
-            if entry is not None:
+            if entry is not None and standby:
                 self._standing_by(LeaderInfo.parse(*entry), term)
             return False
         self.term = term

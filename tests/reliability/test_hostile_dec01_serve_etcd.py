@@ -1,0 +1,119 @@
+"""``kvctl store serve`` on etcd state, which leads at once or refuses (standby.lead_now),
+against etcd stopped at its start, serves racing for one state, a SIGKILLed serve and
+an etcd stall while an elected master stands by.
+
+A refused serve logged "standby; leader is ...; taking over once its lease expires"
+right before its Error: it never stands by. Real etcd and processes, a 3 s lease.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from kvctl.store.client import StoreClient
+from kvctl.store.errors import StoreUnavailableError
+from kvctl.store.master.election import read_leader
+from tests.fixtures.servers import ServerProcess, free_port
+from tests.reliability.conftest import ROOT, wait_for
+from tests.reliability.test_ha import TTL_S, Proc, procs  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.integration
+
+
+def _env() -> dict[str, str]:
+    return {"KVCTL_CLUSTER_ID": f"hx-serve-{secrets.token_hex(4)}",
+            "KVCTL_STORE_HA_TTL": str(TTL_S)}
+
+
+def _serve_argv(etcd_url: str) -> list[str]:
+    return [sys.executable, "-m", "kvctl", "store", "serve", "--listen",
+            f"127.0.0.1:{free_port()}", "--state", etcd_url, "--capacity", "16MiB"]
+
+
+def _serve_to_end(etcd_url: str, env: dict[str, str], timeout_s: float = 60
+                  ) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(_serve_argv(etcd_url), cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout_s, check=False, env={**os.environ, **env})
+    return done, time.monotonic() - started
+
+
+def test_a_refused_serve_names_the_leader_and_says_nothing_of_standing_by(
+        etcd_url: str, procs: Callable[..., Proc]) -> None:  # noqa: F811
+    env = _env()
+    master = procs("master", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                   env=env)
+    card = master.wait_card()
+    refused, _ = _serve_to_end(etcd_url, env)
+    assert refused.returncode == 3, refused.stderr
+    assert str(card["master"]) in refused.stderr
+    assert "Error:" in refused.stderr
+    assert "Hint:" in refused.stderr
+    assert "standby" not in refused.stderr, refused.stderr
+
+
+def test_serve_on_a_stopped_etcd_exits_with_an_error_in_bounded_time(
+        spawn_etcd: Callable[[], ServerProcess]) -> None:
+    etcd = spawn_etcd()
+    pid = etcd._proc.pid  # type: ignore[union-attr]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        refused, took = _serve_to_end(etcd.url, _env())
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert refused.returncode == 3, refused.stderr
+    assert took < 30
+    assert "cannot take the lead" in refused.stderr
+    assert "Hint:" in refused.stderr
+
+
+def test_serves_racing_for_one_state_one_leads(etcd_url: str) -> None:
+    env = _env()
+    racers = [subprocess.Popen([*_serve_argv(etcd_url), "--json"], cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               env={**os.environ, **env}) for _ in range(3)]
+    try:
+        wait_for(lambda: sum(r.poll() is not None for r in racers) >= 2, timeout_s=40,
+                 what="two of three serves refused")
+        time.sleep(1)
+        alive = [r for r in racers if r.poll() is None]
+        assert len(alive) == 1
+        assert sorted(r.returncode for r in racers if r not in alive) == [3, 3]
+        info = read_leader(etcd_url, cluster_id=env["KVCTL_CLUSTER_ID"])
+        assert info is not None
+        assert info.pid == alive[0].pid
+    finally:
+        for r in racers:
+            if r.poll() is None:
+                r.kill()
+            r.wait(10)
+
+
+def test_a_sigkilled_serves_acknowledged_puts_are_in_the_state_the_standby_leads(
+        etcd_url: str, procs: Callable[..., Proc]) -> None:  # noqa: F811
+    env = _env()
+    serve = procs("serve", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                  "--capacity", "16MiB", env=env)
+    address = str(serve.wait_card()["master"])
+    with StoreClient(address, timeout_s=5) as client:
+        for i in range(20):
+            client.put(f"k{i}", bytes([i]) * 3000)
+    standby = procs("master", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                    env=env)
+    wait_for(lambda: "standby; leader is" in standby.log, timeout_s=20, what="standby")
+    serve.proc.send_signal(signal.SIGKILL)
+    serve.proc.wait(10)
+    card = standby.wait_card(3 * TTL_S + 10)  # at once: the leader's pid is gone here
+    with StoreClient(str(card["master"]), timeout_s=5) as client:
+        assert client.batch_exists([f"k{i}" for i in range(20)]) == [True] * 20
+        # Their bytes died with serve's node: an error that says so, never bytes.
+        with pytest.raises(StoreUnavailableError):
+            client.get("k3")
