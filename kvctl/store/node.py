@@ -6,8 +6,9 @@ the engine (``shm`` on the same host, ``tcp`` otherwise) without the node's Pyth
 the path: the engine's target server answers READ/WRITE frames, or a same-host client copies
 through the shared mapping. The node itself only runs the control loop: register with the
 master, heartbeat (a long poll that also brings tasks), and carry out SSD tasks on its own
-memory (persist: DRAM → file; load: file → DRAM, verified; drop). Those tasks run on the
-node's thread, never on a client's put or get.
+memory (persist: DRAM → file; load: file → DRAM, verified; drop). Those tasks run on a
+thread of their own (:mod:`kvctl.store.taskthread`), never on a client's put or get nor on
+the heartbeat loop.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from kvctl.store.rpc import MasterConnection
 from kvctl.store.sharedtier.writer import SharedWriter
 from kvctl.store.shmmap import SharedMapping
 from kvctl.store.ssd import SsdCorruptError, SsdMissingError, SsdStaleError, SsdTier
+from kvctl.store.taskthread import TaskThread
 from kvctl.transfer.admin import segment_key
 from kvctl.transfer.engine import TransferEngine
 from kvctl.transfer.errors import BusyError
@@ -127,6 +129,9 @@ class StorageNode:
         #: writes ``shared`` tasks to the master's shared tier (kvctl.store.sharedtier); set
         #: its ``path_map`` where this host mounts the tier elsewhere than the master
         self.shared = SharedWriter()
+        #: SSD tasks run here, never on the heartbeat loop (a slow disk must not make the
+        #: master judge this node dead)
+        self._ssd_tasks = TaskThread(f"kvctl-ssd-{self.node_id}")
         self.ssd_policy = "off"
         self.ssd_capacity_bytes = 0
         if ssd_dir is not None:
@@ -180,6 +185,10 @@ class StorageNode:
         client still holding a location in the old segment fails (no such segment)
         instead of writing into space the master hands out again."""
         old_segment, old_buffer = self.segment, self._buffer
+        self._ssd_tasks.discard()  # tasks of the old memory: their reports are moot
+        if not self._ssd_tasks.idle(SSD_DRAIN_S):
+            _log.warning("node %s: SSD tasks of the old memory still run after %g s; "
+                         "renewing anyway", self.node_id, SSD_DRAIN_S)
         self.epoch = secrets.token_hex(8)
         self.segment = f"{self.node_id}.{self.epoch[:8]}"
         self._info, self._buffer = self._new_segment()
@@ -252,6 +261,7 @@ class StorageNode:
                     self._conn = conn
                     _log.info("node %s registered again with %s", self.node_id, conn.address)
                 reports.extend(self.shared.finished())  # shared-tier writes ended since
+                reports.extend(self._ssd_tasks.finished())  # and SSD tasks
                 reply = conn.call(p.Heartbeat(node_id=self.node_id, epoch=self.epoch,
                                               reports=reports, wait_s=self._heartbeat_s))
                 reports = []
@@ -265,7 +275,7 @@ class StorageNode:
                         continue
                     _log.warning("master refused heartbeat: %s", reply.error.cause)
                 elif isinstance(reply, p.Tasks):
-                    reports = [self._counted(task) for task in reply.tasks]
+                    reports = [self._dispatch(task) for task in reply.tasks]
             except KvctlError as exc:
                 if self._stop.is_set():
                     break
@@ -278,6 +288,13 @@ class StorageNode:
                 self._stop.wait(min(self._heartbeat_s, 0.5))
         if conn is not None:
             conn.close()
+
+    def _dispatch(self, task: p.Task) -> p.TaskReport:
+        """Hand ``task`` to the thread that runs its kind; its report, or a pending one."""
+        self.tasks_done += 1
+        if task.op in ("shared", "pack"):
+            return self.shared.run(task, self._view, self.epoch)
+        return self._ssd_tasks.run(task.task_id, lambda: self._counted(task))
 
     def _counted(self, task: p.Task) -> p.TaskReport:
         """:meth:`_do`, counted as operation ``ssd_<op>`` (outcome ok, full, corrupt or
@@ -301,9 +318,7 @@ class StorageNode:
         return view[offset:offset + size]
 
     def _do(self, task: p.Task) -> p.TaskReport:
-        self.tasks_done += 1
-        if task.op == "shared":
-            return self.shared.run(task, self._view, self.epoch)
+        """Carry out SSD task ``task`` (on the SSD task thread)."""
         ssd = self.ssd
         if ssd is None:
             return p.TaskReport(task_id=task.task_id, ok=False, error="node has no SSD tier")
@@ -344,6 +359,7 @@ class StorageNode:
         self._stop.set()
         self._conn.interrupt()
         self._thread.join(timeout=self._heartbeat_s + 6)
+        self._ssd_tasks.close()
         self._buffer.close()
         self.engine.close()
         if self.metrics is not None:
@@ -355,6 +371,10 @@ class StorageNode:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+#: Seconds a node dropped by the master waits for its SSD tasks of the old memory to end
+#: before it clears its SSD directory and serves new memory.
+SSD_DRAIN_S = 10.0
 
 #: Seconds a node waits at least for the master's answer (a heartbeat's long poll takes
 #: ``heartbeat_s``): past it, a stalled master is given up and the others are tried.
