@@ -4,10 +4,11 @@ Under ``kvctl/[cluster/]store/``:
 
 - ``log/<seq>.<writer>``: one key per write-behind batch (one etcd transaction), its value a
   msgpack array of :data:`~kvctl.store.statebase.JournalEntry` records, compressed
-  (:func:`pack`), so a batch of thousands of changes costs etcd one key, not one per change. ``seq`` (24 hex digits) is
-  the writer's etcd revision when it started, shifted 32 bits, plus a counter: a master
-  started later (a restart, a standby that took over) writes after everything an earlier
-  one wrote. ``writer`` names the process, so two never overwrite each other's batch.
+  (:func:`pack`), so a batch of thousands of changes costs etcd one key, not one per
+  change. ``seq`` (24 hex digits) is the writer's etcd revision when it started, shifted
+  32 bits, plus a counter: a master started later (a restart, a standby that took over)
+  writes after everything an earlier one wrote. ``writer`` names the process, so two
+  never overwrite each other's batch.
 - ``snapshots/<gen>/<part>``: a snapshot of the master's live state in chunks of about
   :data:`CHUNK_BYTES`, nodes first, written in the background from the master's index a
   slice of keys at a time (a fuzzy checkpoint, as the journal's: ``gen`` is a sequence
@@ -101,14 +102,16 @@ def pack(entries: Sequence[bytes]) -> bytes:
 
 
 class _Unpacker:
-    """Reads what :func:`pack` wrote; ``None`` for a value that is not that."""
+    """Reads what :func:`pack` wrote: the records, and whether any of them may be a
+    node's (its tag is in the bytes); ``None`` for a value that is not that."""
 
     def __init__(self) -> None:
         self._decoder = msgspec.msgpack.Decoder(list[JournalEntry])
 
-    def __call__(self, value: bytes) -> list[JournalEntry] | None:
+    def __call__(self, value: bytes) -> tuple[list[JournalEntry], bool] | None:
         try:
-            return self._decoder.decode(zlib.decompress(value))
+            raw = zlib.decompress(value)
+            return self._decoder.decode(raw), b"node" in raw
         except (zlib.error, msgspec.DecodeError, msgspec.ValidationError):
             return None
 
@@ -246,10 +249,10 @@ class LogReader:
         parts = 0
         for key, value in self._read(chunks_prefix(self._prefix, manifest.gen), BLOB_PAGE):
             parts += 1
-            records = unpack(value)
-            if records is None:
+            unpacked = unpack(value)
+            if unpacked is None:
                 raise self._unreadable(key)
-            yield from records
+            yield from unpacked[0]
         if parts != manifest.parts:
             raise StoreUnavailableError(
                 f"master state {self._description}: snapshot {manifest.gen:024x} has "
@@ -264,26 +267,31 @@ class LogReader:
                 yield entry
 
     def _log(self, first: int) -> Iterator[JournalEntry]:
-        """The log from batch ``first`` on, folded to the last change of each key, nodes
-        first (changes of one key may have moved behind others' in the write-behind
-        queue: a node's record can come after objects placed on it)."""
+        """The log from batch ``first`` on: the last change of each node first, then the
+        objects' changes in order (the write-behind queue keeps one change per key, so a
+        node's record can come after objects placed on it)."""
         unpack = _Unpacker()
         nodes: dict[str, JournalEntry] = {}
-        objects: dict[str, JournalEntry] = {}
+        batches: list[tuple[list[JournalEntry], bool]] = []
         for key, value in self._read(self._prefix + LOG, BLOB_PAGE,
                                      start=log_key(self._prefix, first)):
-            records = unpack(value)
-            if records is None:
+            unpacked = unpack(value)
+            if unpacked is None:
                 raise self._unreadable(key)
+            records, mixed = unpacked
             self.log_batches += 1
             self.log_changes += len(records)
-            for entry in records:
-                if isinstance(entry, ObjectRecord | DeleteObject):
-                    objects[entry.key] = entry
-                else:
-                    nodes[entry.node_id] = entry
+            if mixed:
+                for entry in records:
+                    if isinstance(entry, NodeRecord | DeleteNode):
+                        nodes[entry.node_id] = entry
+            batches.append(unpacked)
         yield from nodes.values()
-        yield from objects.values()
+        for records, mixed in batches:
+            if mixed:
+                yield from (e for e in records if isinstance(e, ObjectRecord | DeleteObject))
+            else:
+                yield from records
 
     def _read(self, prefix: str, limit: int, *, start: str | None = None,
               grow: bool = False) -> Iterator[tuple[str, bytes]]:

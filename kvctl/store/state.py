@@ -4,9 +4,10 @@
 - ``DIR`` / ``file:///DIR`` (:class:`~kvctl.store.journal.JournalState`): journal segments
   plus snapshots written in the background from the master's live view.
 - ``etcd://HOST:PORT`` (or any :func:`~kvctl.transfer.metadata.open_metadata` URL):
-  :class:`~kvctl.store.writebehind.MetadataState`, one key per object under
-  ``kvctl/store/``, written behind the master's lock in ordered batches, so a standby
-  master on another host can load them and take over. Masters on etcd elect one leader
+  :class:`~kvctl.store.writebehind.MetadataState`, written behind the master's lock in
+  ordered batches, each one etcd key of a log over background snapshots under
+  ``kvctl/store/`` (:mod:`kvctl.store.etcdlog`), so a standby master on another host can
+  load them and take over. Masters on etcd elect one leader
   (:mod:`kvctl.store.master.election`) and the leader's writes are fenced by its term.
 
 Every backend follows the rules of :mod:`kvctl.store.statebase`: nothing waits for I/O with
