@@ -117,3 +117,26 @@ def test_a_sigkilled_serves_acknowledged_puts_are_in_the_state_the_standby_leads
         # Their bytes died with serve's node: an error that says so, never bytes.
         with pytest.raises(StoreUnavailableError):
             client.get("k3")
+
+
+def test_a_listener_registered_after_the_leadership_ended_is_told_at_once(
+        etcd_url: str) -> None:
+    """store serve registers its on_deposed listener after starting its node: deposed
+    before that (etcd stalled past the lease while the node started, another master
+    claimed), the listener was never called and serve went on running deposed."""
+    from kvctl.store.master.election import Election
+
+    election = Election(etcd_url, address="127.0.0.1:1", cluster_id=_env()["KVCTL_CLUSTER_ID"],
+                        ttl_s=TTL_S)
+    try:
+        assert election.try_once(standby=False)
+        early: list[str] = []
+        election.on_deposed(early.append)
+        election.depose("another master claimed")
+        election.depose("again")  # once only
+        late: list[str] = []
+        election.on_deposed(late.append)
+        assert early == ["another master claimed"]
+        assert late == ["another master claimed"]
+    finally:
+        election.close()

@@ -178,6 +178,7 @@ class Election:
         self._result_at = 0.0
         self._deposed: str | None = None
         self._listeners: list[Callable[[str], None]] = []
+        self._listeners_lock = threading.Lock()  # a listener is called once, late or not
         self._ended = threading.Event()
         self._keeper: threading.Thread | None = None
         self._seen: tuple[int, bool] | None = None  # the last leader term logged
@@ -293,8 +294,15 @@ class Election:
         return self.term_key, self.term
 
     def on_deposed(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(why)`` once when the leadership ends (from any thread)."""
-        self._listeners.append(listener)
+        """Call ``listener(why)`` once when the leadership ends (from any thread); at
+        once when it already has (``store serve`` registers after starting its node,
+        which a stalled etcd may outlast: it would serve deposed, never told)."""
+        with self._listeners_lock:
+            why = self._deposed
+            if why is None:
+                self._listeners.append(listener)
+                return
+        listener(why)
 
     def _keep(self) -> None:
         while not self._ended.wait(self.ttl_s / 3):
@@ -373,9 +381,12 @@ class Election:
     def depose(self, why: str) -> None:
         """End the leadership for good (``why`` is logged and answered to requests)."""
         listeners: list[Callable[[str], None]] = []
-        if self._deposed is None:
-            self._deposed = why
-            listeners, self._listeners = self._listeners, []
+        with self._listeners_lock:
+            first = self._deposed is None
+            if first:
+                self._deposed = why
+                listeners, self._listeners = self._listeners, []
+        if first:
             _log.error("store master (term %d): deposed: %s; it stops serving", self.term,
                        why)
         self._ended.set()
