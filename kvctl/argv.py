@@ -97,3 +97,49 @@ def normalise(root: Any, args: list[str]) -> list[str]:
         if index == leaf_at:
             out.extend("--json" for _ in json_at)
     return out
+
+
+def normalise_completion(root: Any, environ: dict[str, str] | Any) -> None:
+    """The words a shell's Tab completion hands kvctl (in ``environ``), with global options
+    placed as :func:`normalise` places them, so ``kvctl store --config F status --<Tab>``
+    completes ``status``'s options as the command would parse them. Only the words before
+    the one being completed move; words the walk cannot place stay as they are.
+
+    Bash passes ``COMP_WORDS`` (all words) and ``COMP_CWORD`` (the index of the one being
+    completed); zsh, fish and PowerShell pass ``_TYPER_COMPLETE_ARGS`` (the line so far) and,
+    fish and PowerShell, ``_TYPER_COMPLETE_WORD_TO_COMPLETE``.
+    """
+    import shlex
+
+    def placed(before: list[str]) -> list[str]:
+        try:
+            return normalise(root, before)
+        except UsageError:  # e.g. --config still waiting for its value: leave it
+            return before
+
+    try:
+        if "COMP_WORDS" in environ and "COMP_CWORD" in environ:
+            words = shlex.split(environ["COMP_WORDS"])
+            cword = int(environ["COMP_CWORD"])
+            if not 1 <= cword <= len(words):
+                return
+            before = placed(words[1:cword])
+            environ["COMP_WORDS"] = shlex.join([words[0], *before, *words[cword:]])
+            environ["COMP_CWORD"] = str(1 + len(before))
+            return
+        line = environ.get("_TYPER_COMPLETE_ARGS")
+        if not line:
+            return
+        words = shlex.split(line)
+        if "_TYPER_COMPLETE_WORD_TO_COMPLETE" in environ:
+            tail = 1 if environ["_TYPER_COMPLETE_WORD_TO_COMPLETE"] else 0
+        else:
+            tail = 0 if line.endswith(" ") else 1
+        if len(words) <= tail:
+            return
+        cut = len(words) - tail
+        before = placed(words[1:cut])
+        environ["_TYPER_COMPLETE_ARGS"] = shlex.join([words[0], *before, *words[cut:]]) + (
+            " " if line.endswith(" ") else "")
+    except ValueError:  # unbalanced quotes mid-typing: complete from the words as they are
+        return

@@ -204,6 +204,15 @@ class _Root(TyperGroup):
     def shell_complete(self, ctx: Any, incomplete: str) -> Any:
         return self._listing(lambda: super(_Root, self).shell_complete(ctx, incomplete))
 
+    def _main_shell_completion(self, ctx_args: Any, prog_name: str,
+                               complete_var: str | None = None) -> None:
+        # Tab completion reads the command line from the environment, not from main()'s
+        # args: place global options there too (kvctl store --config F status --<Tab>).
+        from kvctl.argv import normalise_completion
+
+        normalise_completion(self, os.environ)
+        super()._main_shell_completion(ctx_args, prog_name, complete_var)
+
 
 def _new_root(cls: type[TyperGroup] = TyperGroup) -> typer.Typer:
     app = typer.Typer(

@@ -155,6 +155,25 @@ def test_completion_completes_commands_options_and_topics() -> None:
     assert _complete("kvctl help exit") == ["exit", "exit-code", "exit-codes"]
 
 
+def test_completion_places_global_options_typed_mid_command() -> None:
+    """``--config``/``-v`` after the family name used to leave the completer in the family
+    (only ``--help`` offered); completion now reads the line as the command parses it."""
+    plain = _complete("kvctl store status --")
+    assert "--master" in plain
+    assert _complete("kvctl store --config /dev/null status --") == plain
+    assert _complete("kvctl store -v status --") == plain
+    assert "status" in _complete("kvctl store --config /dev/null st")
+    zsh = _kvctl(_KVCTL_COMPLETE="complete_zsh",
+                 _TYPER_COMPLETE_ARGS="kvctl store -q status --")
+    assert zsh.returncode == 0, zsh.stderr
+    assert '"--master"' in zsh.stdout
+    # Mid-typing (--config still waiting for its value, an open quote): no crash.
+    assert _kvctl(_KVCTL_COMPLETE="complete_bash", COMP_WORDS="kvctl store --config",
+                  COMP_CWORD="3").returncode == 0
+    assert _kvctl(_KVCTL_COMPLETE="complete_bash", COMP_WORDS="kvctl store 'st",
+                  COMP_CWORD="2").returncode == 0
+
+
 def test_pages_mention_only_commands_that_exist() -> None:
     commands = root_commands()
     for topic in all_topics():
