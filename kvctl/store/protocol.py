@@ -121,6 +121,9 @@ class GetSlot(Struct, frozen=True, tag="gs"):
     #: the object's shared-tier file, as the master names it (empty: none); a client reads
     #: it directly when no location is given or none could be read (kvctl.store.sharedtier)
     shared: str = ""
+    #: ``shared`` is a pack file and the object's record starts at this byte of it (-1:
+    #: the file is the object's own)
+    shared_at: int = -1
 
 
 class ErrorInfo(Struct, frozen=True, tag="err"):
@@ -223,8 +226,9 @@ class SharedTierStatus(Struct, frozen=True):
 
 
 class Task(Struct, frozen=True):
-    """A node job: ``persist`` (DRAM → SSD), ``load`` (SSD → DRAM), ``drop`` (SSD file) or
-    ``shared`` (DRAM → the shared tier's file ``path``).
+    """A node job: ``persist`` (DRAM → SSD), ``load`` (SSD → DRAM), ``drop`` (SSD file),
+    ``shared`` (DRAM → the shared tier's file ``path``) or ``pack`` (several objects'
+    DRAM → one pack file ``path`` of the shared tier).
 
     ``free_after`` on persist: the DRAM range is freed by the master when the job is done
     (write-back eviction).
@@ -240,6 +244,22 @@ class Task(Struct, frozen=True):
     free_after: bool = False
     #: op ``shared``: the shared-tier file to write, as the master names it.
     path: str = ""
+    #: op ``pack``: the objects written as records of the pack file ``path`` (``key`` is
+    #: empty, ``version`` the pack's id, ``offset``, ``size`` and ``checksum`` 0)
+    entries: list[PackEntry] = msgspec.field(default_factory=list)
+
+
+class PackEntry(Struct, frozen=True, array_like=True):
+    """One object of a ``pack`` task: its DRAM range on the node and its record's byte
+    ``at`` in the pack; ``free_after`` as a ``shared`` task's (a write-back)."""
+
+    key: str
+    version: int
+    offset: int
+    size: int
+    checksum: int
+    at: int
+    free_after: bool = False
 
 
 class TaskReport(Struct, frozen=True):
@@ -254,6 +274,8 @@ class TaskReport(Struct, frozen=True):
     #: still running (a shared-tier write on the node's writer thread): the task stays in
     #: flight and its report comes with a later heartbeat.
     pending: bool = False
+    #: op ``pack`` (``ok``): indices of the entries not written (their DRAM changed)
+    failed: list[int] = msgspec.field(default_factory=list)
 
 
 # ---- requests ------------------------------------------------------------------------------

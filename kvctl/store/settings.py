@@ -37,6 +37,8 @@ class StoreSettings:
         shared_tier_orphan_grace: a shared-tier file no index names is purged once it is
             this old (a write whose report is on its way is not an orphan).
         shared_tier_sweep_interval: seconds between the starts of two purge sweeps.
+        shared_tier_pack_below: shared-tier copies of objects smaller than this are
+            written several to a file (one fsync and one name per pack); 0: off.
         state: master state: ``none``, a directory (journal + snapshot) or a metadata URL
             such as ``etcd://127.0.0.1:2379`` (a standby master can take over).
         ha_ttl: lease of the leader key, seconds, for masters on etcd state (they elect
@@ -78,6 +80,7 @@ class StoreSettings:
                                                         metadata={"unit": "duration"})
     shared_tier_sweep_interval: float = dataclasses.field(default=30.0,
                                                           metadata={"unit": "duration"})
+    shared_tier_pack_below: int = dataclasses.field(default=0, metadata={"unit": "size"})
     state: str = "none"
     ha_ttl: float = dataclasses.field(default=5.0, metadata={"unit": "duration"})
     replicas: int = 1

@@ -37,6 +37,8 @@ class ObjectRecord(msgspec.Struct, array_like=True, frozen=True, tag="obj"):
     ssd_epochs: list[str] = msgspec.field(default_factory=list)
     #: a shared-tier copy (``Obj.shared``: 0 none, else its own file and its use stamp).
     shared: int = 0
+    #: that copy is a record in a pack file (``Obj.pack``: pack id << 24 | offset; 0: not).
+    pack: int = 0
 
 
 class NodeRecord(msgspec.Struct, array_like=True, frozen=True, tag="node"):

@@ -207,6 +207,10 @@ class MasterBase:
                           obj: Obj | None, now: float) -> None:
         raise NotImplementedError
 
+    def _shared_pack_persisted(self, node: Node, task: p.Task, report: p.TaskReport,
+                               now: float) -> None:
+        raise NotImplementedError
+
     def _shared_drop(self, obj: Obj, now: float) -> None:
         raise NotImplementedError
 
@@ -214,6 +218,9 @@ class MasterBase:
         raise NotImplementedError
 
     def _shared_name(self, obj: Obj) -> str:
+        raise NotImplementedError
+
+    def _shared_at(self, obj: Obj) -> int:
         raise NotImplementedError
 
     def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:

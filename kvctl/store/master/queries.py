@@ -62,7 +62,8 @@ class QueriesMixin(MasterBase):
                 del lru[key]
                 lru[key] = obj
         return p.GetSlot(key=key, size=obj.size, checksum=obj.checksum, version=obj.version,
-                         locations=locations, shared=self._shared_name(obj))
+                         locations=locations, shared=self._shared_name(obj),
+                         shared_at=self._shared_at(obj))
 
     def _unreachable(self, obj: Obj) -> p.ErrorInfo:
         where = ", ".join(f"{r.node.node_id} ({r.node.state})" for r in obj.replicas)

@@ -133,6 +133,9 @@ class Obj(msgspec.Struct, gc=False):
     #: kvctl.store.sharedtier.fileformat) and the value is the copy's use stamp (larger:
     #: used more recently; the restore's LRU order, see kvctl.store.sharedtier.mixin)
     shared: int = 0
+    #: the shared copy is a record in a pack file: ``pack id << 24 | byte offset`` (0: its
+    #: own file; see kvctl.store.sharedtier.packs)
+    pack: int = 0
 
     def record(self) -> ObjectRecord:
         """What the state backend keeps (copies on dropped nodes left out)."""
@@ -141,7 +144,8 @@ class Obj(msgspec.Struct, gc=False):
             self.key, self.size, self.checksum, self.version,
             [ReplicaRecord(r.node.node_id, r.offset, self.size, r.node.epoch)
              for r in self.replicas if not r.node.dropped],
-            [n.node_id for n in ssd], self.pinned, [n.epoch for n in ssd], self.shared)
+            [n.node_id for n in ssd], self.pinned, [n.epoch for n in ssd], self.shared,
+            self.pack)
 
     def replica_on(self, node: Node) -> Replica | None:
         for rep in self.replicas:

@@ -130,4 +130,5 @@ def _object(rec: ObjectRecord, nodes: dict[str, Node], now: float, stamps: dict[
             ssd.append(node)
     return Obj(rec.key, rec.size, rec.checksum, rec.version, tuple(replicas), tuple(ssd),
                created=now, pinned=rec.pinned,
-               shared=stamps.setdefault(rec.shared, rec.shared) if rec.shared else 0)
+               shared=stamps.setdefault(rec.shared, rec.shared) if rec.shared else 0,
+               pack=rec.pack if rec.shared else 0)

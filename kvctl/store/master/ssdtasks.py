@@ -56,6 +56,8 @@ class SsdTasksMixin(MasterBase):
             self._cond.notify_all()
         elif task.op == "shared":
             self._shared_persisted(node, task, report, obj, now)
+        elif task.op == "pack":
+            self._shared_pack_persisted(node, task, report, now)
 
     def _persisted(self, node: Node, task: p.Task, report: p.TaskReport, obj: Obj | None,
                    now: float) -> None:

@@ -40,6 +40,10 @@ class SharedTierConfig:
             its tasks between heartbeats, so this bounds how long one round of them takes.
         max_queued_bytes: the same bound in bytes.
         fsync: fsync each file before its rename.
+        pack_below: objects smaller than this many bytes are written several to a file
+            (:mod:`~kvctl.store.sharedtier.packs`); 0: each to its own.
+        pack_max_bytes: most bytes of one pack file.
+        pack_max_entries: most objects in one pack file.
     """
 
     root: Path
@@ -53,6 +57,9 @@ class SharedTierConfig:
     max_queued_writes: int = 32
     max_queued_bytes: int = 64 << 20
     fsync: bool = True
+    pack_below: int = 0
+    pack_max_bytes: int = 8 << 20
+    pack_max_entries: int = 64
 
     @classmethod
     def from_settings(cls, settings: StoreSettings) -> SharedTierConfig | None:
@@ -64,7 +71,8 @@ class SharedTierConfig:
                      capacity_bytes=settings.shared_tier_capacity,
                      max_files=settings.shared_tier_files,
                      orphan_grace_s=settings.shared_tier_orphan_grace,
-                     sweep_interval_s=settings.shared_tier_sweep_interval)
+                     sweep_interval_s=settings.shared_tier_sweep_interval,
+                     pack_below=settings.shared_tier_pack_below)
         config.check()
         return config
 
@@ -76,6 +84,10 @@ class SharedTierConfig:
         if self.capacity_bytes <= 0 or self.max_files <= 0:
             raise UsageError("shared-tier capacity and file limit must be positive",
                              "give --shared-tier-capacity a size such as 1TiB")
+        if self.pack_below < 0 or not 0 < self.pack_max_entries <= 4096 or not (
+                self.pack_below <= self.pack_max_bytes <= 1 << 24):
+            raise UsageError("shared-tier packing limits out of range",
+                             "give --shared-tier-pack-below a size up to 8MiB, or 0 (off)")
         if not self.root.is_absolute():
             raise UsageError(f"shared tier {self.root} is not an absolute path",
                              "give the mount point, e.g. /mnt/3fs/kvctl")

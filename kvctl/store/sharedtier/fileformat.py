@@ -254,3 +254,150 @@ def read_header(path: str | Path) -> tuple[str, int, int, int] | None:
     except UnicodeDecodeError:
         return None
     return key, version, size, csum
+
+
+# ---- pack files: several small objects in one file (one fsync, one rename, one name)
+#
+# A pack is named by the id the master gives it, in a directory of its own beside the
+# ``xx/`` ones (``pk`` is no hex prefix)::
+#
+#     ROOT/pk/<pack id, hex>.kvp
+#
+# and holds records each exactly in the single-file layout above (header, key, bytes), at
+# the offsets the master chose (multiples of :data:`PACK_ALIGN`; the gaps are zeros), then
+# a trailer that makes the pack self-describing: the records' offsets (u64 each), magic
+# ``KVPK`` and their count (u32). A reader reads one record at the offset the index gives
+# and checks it as it checks a single file; the trailer is for tools and the sweep.
+
+PACK_DIR = "pk"
+PACK_SUFFIX = ".kvp"
+PACK_MAGIC = b"KVPK"
+PACK_TAIL = struct.Struct("<4sI")
+#: offsets of records in a pack are multiples of this
+PACK_ALIGN = 4096
+#: ``<pack id hex>.kvp``
+PACK_NAME_RE = re.compile(r"^([0-9a-f]{1,16})\.kvp$")
+
+
+def pack_name(pack_id: int) -> str:
+    """Relative path of pack ``pack_id`` (``pk/<id hex>.kvp``)."""
+    return f"{PACK_DIR}/{pack_id:x}{PACK_SUFFIX}"
+
+
+def entry_span(key: str, size: int) -> int:
+    """Bytes a ``size``-byte object's record takes in a pack, its padding included."""
+    return -(-file_bytes(key, size) // PACK_ALIGN) * PACK_ALIGN
+
+
+def pack_bytes(end: int, entries: int) -> int:
+    """Size of a pack whose records end at ``end`` (its trailer included)."""
+    return end + 8 * entries + PACK_TAIL.size
+
+
+def write_pack(path: Path, entries: list[tuple[str, int, int, int, memoryview]], epoch: str,
+               *, fsync: bool = True) -> None:
+    """Write a pack at ``path``: each ``(key, version, checksum, at, data)`` as a record at
+    byte ``at`` (increasing, :data:`PACK_ALIGN` multiples), then the trailer; temporary
+    name, fsync, rename, as :func:`write_object`.
+
+    Raises:
+        OSError: the file system failed; the temporary file is removed.
+    """
+    tag = bytes.fromhex(epoch[:16].ljust(16, "0"))
+    parts: list[bytes | memoryview] = []
+    end = 0
+    for key, version, csum, at, data in entries:
+        if at < end:
+            raise ValueError(f"pack record of {key!r} at {at} overlaps the one before")
+        if at > end:
+            parts.append(bytes(at - end))
+        kb = key.encode("utf-8", "surrogatepass")
+        parts.append(HEADER.pack(MAGIC, FORMAT, len(kb), data.nbytes, csum, version, tag) + kb)
+        parts.append(data)
+        end = at + HEADER.size + len(kb) + data.nbytes
+    parts.append(struct.pack(f"<{len(entries)}Q", *(e[3] for e in entries))
+                 + PACK_TAIL.pack(PACK_MAGIC, len(entries)))
+    try:
+        write_private_atomically(path, parts, fsync=fsync)
+    except FileNotFoundError:  # the first pack
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_private_atomically(path, parts, fsync=fsync)
+
+
+def read_entry(path: str | Path, at: int, key: str, version: int, csum: int, size: int,
+               dest: memoryview | None = None) -> bytes | None:
+    """The verified bytes of ``key``'s record at byte ``at`` of the pack at ``path``, as
+    :func:`read_object` reads a single file (a new ``bytes``, or ``None`` once in ``dest``);
+    what follows the record is the pack's, not checked.
+
+    Raises:
+        SharedMissError: missing, cut short, another object's record (or none) at ``at``,
+            or the bytes fail the checksum.
+    """
+    kb = key.encode("utf-8", "surrogatepass")
+    hsize = HEADER.size + len(kb)
+    head = bytearray(hsize)
+    fd = _open(path, key)
+    try:
+        if dest is None:
+            got = _pread_all(fd, [memoryview(head)], at)
+            data = _pread_rest(fd, size, at + hsize) if got == hsize else b""
+            got += len(data)
+        else:
+            views = [memoryview(head), dest]
+            got = os.preadv(fd, views, at)
+            if got < hsize + size:  # a short read: the rest, or the end (cut under us)
+                got = _pread_all(fd, views, at)
+    except OSError as exc:
+        raise SharedMissError(f"shared-tier pack record of {key!r} cannot be read: "
+                              f"{errno_name(exc)}", None) from None
+    finally:
+        os.close(fd)
+    if got != hsize + size:
+        raise SharedMissError(f"shared-tier pack record of {key!r} is truncated", None)
+    if not head.startswith(_CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version)) or (
+            not head.endswith(kb)):
+        raise SharedMissError(f"shared-tier pack record of {key!r} has a header for another "
+                              "object (torn or reused)", None)
+    if checksum(data if dest is None else dest) != csum:
+        raise SharedMissError(f"shared-tier pack record of {key!r} fails its checksum", None)
+    return data if dest is None else None
+
+
+def _pread_all(fd: int, views: list[memoryview], at: int) -> int:
+    """Fill ``views`` in turn from byte ``at`` until full or the file ends; bytes read."""
+    total = 0
+    for view in views:
+        done = 0
+        while done < view.nbytes:
+            n = os.preadv(fd, [view[done:]], at + total + done)
+            if n == 0:
+                return total + done
+            done += n
+        total += done
+    return total
+
+
+def read_pack_offsets(path: str | Path) -> list[int] | None:
+    """The record offsets a pack's trailer lists, ``None`` without a valid trailer."""
+    try:
+        fd = _open(path, "")
+    except SharedMissError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size < PACK_TAIL.size:
+            return None
+        magic, count = PACK_TAIL.unpack(os.pread(fd, PACK_TAIL.size,
+                                                 info.st_size - PACK_TAIL.size))
+        start = info.st_size - PACK_TAIL.size - 8 * count
+        if magic != PACK_MAGIC or start < 0:
+            return None
+        raw = os.pread(fd, 8 * count, start)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) != 8 * count:
+        return None
+    return list(struct.unpack(f"<{count}Q", raw))

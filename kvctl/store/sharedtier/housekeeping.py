@@ -43,14 +43,18 @@ from kvctl.store.sharedtier.config import SharedTierConfig
 from kvctl.store.sharedtier.fileformat import (
     COUNTED_ERRNOS,
     NAME_RE,
+    PACK_DIR,
+    PACK_NAME_RE,
     errno_name,
     file_bytes,
     read_header,
 )
+from kvctl.store.sharedtier.packs import AT_BITS
 from kvctl.store.sharedtier.reports import BadFileReports
 
 if TYPE_CHECKING:
     from kvctl.store.sharedtier.mixin import SharedTierMixin
+    from kvctl.store.sharedtier.packs import Pack
 
 _log = logging.getLogger("kvctl.store.sharedtier")
 
@@ -97,7 +101,7 @@ class SharedState:
         #: heap of (due, seq, path, key): files to delete once due (after a lease) and
         #: once the state change of ``key`` that stopped naming them is durable; an entry
         #: counts only while ``_doomed[path]`` is its seq (a write's claim cancels it)
-        self._unlinks: list[tuple[float, int, str, str]] = []
+        self._unlinks: list[tuple[float, int, str, str | tuple[str, ...]]] = []
         self._doomed: dict[str, int] = {}
         #: files being deleted now (taken off the heap, or found orphaned): no write may
         #: rename a new copy into their names until that is done
@@ -119,19 +123,44 @@ class SharedState:
         self._in_bucket = 0
         self._restamp_tokens = 0.0
         self._restamp_at = 0.0
+        #: pack id -> pack (being written, or landed with live entries)
+        self.packs: dict[int, Pack] = {}
+        #: node -> the pack being gathered for its next heartbeat
+        self.open_packs: dict[Node, Pack] = {}
+        #: the id the next pack gets (past any the state names, and this run's start
+        #: time, so that a pack of a master killed before its record is seldom reused)
+        self.next_pack = int(time.time())
 
     # ---- index side (lock held)
 
-    def track(self, obj: Obj, nbytes: int) -> None:
+    def track(self, obj: Obj, nbytes: int, files: int = 1) -> None:
+        """``obj``'s copy is in the tier (a packed one: ``nbytes`` and ``files`` 0, its
+        pack counts them)."""
         self.lru[obj.key] = obj
         self.used_bytes += nbytes
-        self.files += 1
+        self.files += files
 
-    def untrack(self, obj: Obj, nbytes: int) -> None:
+    def untrack(self, obj: Obj, nbytes: int, files: int = 1) -> None:
         if self.lru.get(obj.key) is obj:
             del self.lru[obj.key]
         self.used_bytes -= nbytes
-        self.files -= 1
+        self.files -= files
+
+    def through_landed(self, key: str, task_id: int, node: Node) -> bool:
+        """Task ``task_id`` wrote (or failed) ``key``'s write-through copy: it is no
+        longer being written; whether an eviction of it on ``node`` waits for it (then
+        its DRAM is freed now)."""
+        through = self.writing.get(key)
+        if through is None or through[2] != task_id:
+            return False
+        del self.writing[key]
+        evicting = through[0].evicting
+        return evicting is not None and evicting.get(node) == task_id
+
+    def new_pack_id(self) -> int:
+        pack_id = self.next_pack
+        self.next_pack += 1
+        return pack_id
 
     def fits(self, obj: Obj) -> bool:
         return file_bytes(obj.key, obj.size) <= self.config.capacity_bytes
@@ -145,8 +174,10 @@ class SharedState:
                 or self.files > self.config.max_files)
 
     def oldest(self, newest: Obj | None) -> Obj | None:
+        """The least recently used copy, never ``newest`` nor one in ``newest``'s pack."""
+        pack = newest.pack >> AT_BITS if newest is not None and newest.pack else -1
         for obj in self.lru.values():
-            if obj is not newest:
+            if obj is not newest and (pack < 0 or obj.pack >> AT_BITS != pack):
                 return obj
         return None
 
@@ -168,17 +199,17 @@ class SharedState:
         self.errors[key] = self.errors.get(key, 0) + 1
         self.last_error = text
 
-    def unlink_later(self, path: str, due: float, key: str = "") -> None:
+    def unlink_later(self, path: str, due: float, key: str | tuple[str, ...] = "") -> None:
         """Delete ``path`` once ``due`` and once the state change of ``key`` made so far
-        (the one that stopped naming the file) is durable."""
+        (the one that stopped naming the file; a pack's: those of its keys) is durable."""
         seq = next(self._seq)
         self._doomed[path] = seq
         heapq.heappush(self._unlinks, (due, seq, path, key))
 
-    def take_due(self, now: float, limit: int) -> list[tuple[str, str]]:
+    def take_due(self, now: float, limit: int) -> list[tuple[str, str | tuple[str, ...]]]:
         """Deletes that are due, as ``(path, key)``; their paths are :attr:`deleting` until
         :meth:`deleted` (or :meth:`unlink_later` again)."""
-        out: list[tuple[str, str]] = []
+        out: list[tuple[str, str | tuple[str, ...]]] = []
         heap = self._unlinks
         while heap and heap[0][0] <= now and len(out) < limit:
             _, seq, path, key = heapq.heappop(heap)
@@ -285,11 +316,12 @@ def housekeeping(core: SharedTierMixin, st: SharedState) -> None:
         st.busy.release()
 
 
-def _durable(core: SharedTierMixin, keys: list[str]) -> bool:
+def _durable(core: SharedTierMixin, keys: list[str | tuple[str, ...]]) -> bool:
     """Whether every state change made so far to ``keys`` is durable (waits a little,
     without the master's lock)."""
     state = core.state
-    for key in dict.fromkeys(keys):
+    flat = (k for item in keys for k in ((item,) if isinstance(item, str) else item))
+    for key in dict.fromkeys(flat):
         if key:
             state.wait_for_key(key)
     return state.ack(timeout_s=DURABLE_WAIT_S) is None
@@ -328,6 +360,7 @@ def _sweep_slice(core: SharedTierMixin, st: SharedState, wall: float) -> list[st
     now = time.time()
     orphans: list[str] = []
     named: list[tuple[str, str, int]] = []
+    packs: list[tuple[str, int]] = []
     try:
         for _ in range(cfg.sweep_batch):
             entry = next(st.walk, None)
@@ -346,7 +379,10 @@ def _sweep_slice(core: SharedTierMixin, st: SharedState, wall: float) -> list[st
                 continue
             match = NAME_RE.match(name)
             if match is None:
-                continue  # not ours: left alone
+                match = PACK_NAME_RE.match(name)
+                if match is not None and Path(entry.path).parent.name == PACK_DIR:
+                    packs.append((entry.path, int(match.group(1), 16)))
+                continue  # else not ours: left alone
             header = read_header(entry.path)
             if header is None or header[1] != int(match.group(2), 16):
                 orphans.append(entry.path)
@@ -356,9 +392,10 @@ def _sweep_slice(core: SharedTierMixin, st: SharedState, wall: float) -> list[st
         st.walk = None
         with core._lock:
             st.count_error(errno_name(exc), f"sweep of {cfg.root}: {exc.strerror or exc}")
-    if named or orphans:
+    if named or orphans or packs:
         with core._lock:
             orphans.extend(path for path, key, version in named
                            if not core._shared_current(key, version))
+            orphans.extend(path for path, pack_id in packs if pack_id not in st.packs)
             st.deleting.update(orphans)  # no write renames a copy into them until gone
     return orphans

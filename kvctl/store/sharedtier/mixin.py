@@ -46,11 +46,11 @@ from pathlib import Path
 
 from kvctl.errors import UsageError
 from kvctl.store import protocol as p
-from kvctl.store.master.base import MasterBase
 from kvctl.store.master.records import Node, Obj, Replica
 from kvctl.store.sharedtier.config import SharedTierConfig, open_tier
-from kvctl.store.sharedtier.fileformat import COUNTED_ERRNOS, file_bytes, file_name
+from kvctl.store.sharedtier.fileformat import COUNTED_ERRNOS, file_bytes, file_name, pack_name
 from kvctl.store.sharedtier.housekeeping import SharedState, housekeeping
+from kvctl.store.sharedtier.packs import AT_BITS, AT_MASK, SharedPacks
 from kvctl.store.sharedtier.reports import MAX_PER_REPORT
 
 _log = logging.getLogger("kvctl.store.master")
@@ -62,7 +62,7 @@ RESTAMP_MIN_AGE = 64
 _USE_ORDER = operator.attrgetter("shared")
 
 
-class SharedTierMixin(MasterBase):
+class SharedTierMixin(SharedPacks):
     """The shared tier's index, writes, quota and deletes (lock held unless said)."""
 
     _shared: SharedState | None
@@ -94,7 +94,11 @@ class SharedTierMixin(MasterBase):
         # older kvctl versions, which have 1, keep their replay order); 0.4 s per 10^6
         held.sort(key=_USE_ORDER)
         for obj in held:
-            st.track(obj, file_bytes(obj.key, obj.size))
+            if obj.pack:
+                st.track(obj, 0, files=0)
+            else:
+                st.track(obj, file_bytes(obj.key, obj.size))
+        self._shared_packs_restored(held)
         if held:
             st.stamp = max(st.stamp, held[-1].shared + 1)
         self._shared_quota(None, self._clock())  # a smaller quota than the last run's
@@ -126,7 +130,13 @@ class SharedTierMixin(MasterBase):
     def _shared_file(self, obj: Obj) -> str:
         """``obj``'s shared-tier file, as the master names it (a shared tier is set)."""
         assert self._shared is not None
+        if obj.pack:
+            return self._shared.prefix + pack_name(obj.pack >> AT_BITS)
         return self._shared.prefix + file_name(obj.key, obj.version)
+
+    def _shared_at(self, obj: Obj) -> int:
+        """Where ``obj``'s record starts in its pack file (-1: the file is its own)."""
+        return obj.pack & AT_MASK if obj.pack else -1
 
     def _shared_get(self, obj: Obj, lease: bool, now: float) -> p.GetSlot:
         """The answer for an object only the shared tier holds (read by the client)."""
@@ -134,7 +144,8 @@ class SharedTierMixin(MasterBase):
             obj.lease_until = max(obj.lease_until, now + self.config.lease_ttl_s)
             obj.readers += 1
         return p.GetSlot(key=obj.key, size=obj.size, checksum=obj.checksum,
-                         version=obj.version, locations=[], shared=self._shared_name(obj))
+                         version=obj.version, locations=[], shared=self._shared_name(obj),
+                         shared_at=self._shared_at(obj))
 
     # ------------------------------------------------------------------ writes
 
@@ -143,6 +154,10 @@ class SharedTierMixin(MasterBase):
         the node's heartbeat at once; a write-through copy goes with its next one, so a
         stream of puts costs the node one heartbeat per period, not one per put."""
         assert self._shared is not None
+        if self._shared_packable(obj):
+            packed = self._shared_pack_entry(node, obj, offset, free_after=free_after)
+            if packed is not None:
+                return packed
         task = p.Task(task_id=next(self._task_ids), op="shared", key=obj.key,
                       version=obj.version, offset=offset, size=obj.size,
                       checksum=obj.checksum, free_after=free_after,
@@ -186,12 +201,19 @@ class SharedTierMixin(MasterBase):
             if not node.alive:
                 continue
             count, nbytes = st.queued.get(node, (0, 0))
-            if count >= st.config.max_queued_writes or (
+            # a copy joining a pack being gathered takes no queue slot of its own
+            pack = self._shared_open_pack(node, obj) if self._shared_packable(obj) else None
+            if (count >= st.config.max_queued_writes and pack is None) or (
                     count and nbytes + obj.size > st.config.max_queued_bytes):
                 st.skipped += 1
                 return
-            st.queued[node] = (count + 1, nbytes + obj.size)
             task = self._shared_task(node, obj, rep.offset, free_after=False)
+            if task.op == "pack":
+                pack = st.open_packs[node]
+                added, pack.counted = int(not pack.counted), True
+            else:
+                added = 1
+            st.queued[node] = (count + added, nbytes + obj.size)
             st.writing[obj.key] = (obj, node, task.task_id)
             return
 
@@ -205,12 +227,7 @@ class SharedTierMixin(MasterBase):
         if not free_after:
             count, nbytes = st.queued.get(node, (1, task.size))
             st.queued[node] = (max(0, count - 1), max(0, nbytes - task.size))
-            through = st.writing.get(task.key)
-            if through is not None and through[2] == task.task_id:
-                del st.writing[task.key]
-                # an eviction waits for this write-through copy to free its DRAM
-                evicting = through[0].evicting
-                free_after = evicting is not None and evicting.get(node) == task.task_id
+            free_after = st.through_landed(task.key, task.task_id, node)
         if free_after:
             node.freeing_bytes = max(0, node.freeing_bytes - node.alloc.rounded(task.size))
         st.note_write(report, now)
@@ -240,22 +257,28 @@ class SharedTierMixin(MasterBase):
         st = self._shared
         assert st is not None
         while st.over_quota():
-            victim = st.oldest(newest)
-            if victim is None:
+            oldest = st.oldest(newest)
+            if oldest is None:
                 return
-            st.evictions += 1
-            self._shared_drop(victim, now)
-            if not self._index.holds(victim):
-                continue
-            if victim.replicas or victim.ssd:
-                self._persist(victim)
-            else:
-                self._forget(victim, "evicted from the shared tier")
+            # a packed copy goes with its whole pack (only that frees a file)
+            for victim in self._shared_pack_members(oldest) if oldest.pack else [oldest]:
+                st.evictions += 1
+                self._shared_drop(victim, now)
+                if not self._index.holds(victim):
+                    continue
+                if victim.replicas or victim.ssd:
+                    self._persist(victim)
+                else:
+                    self._forget(victim, "evicted from the shared tier")
 
     def _shared_drop(self, obj: Obj, now: float) -> None:
         """``obj`` loses its shared copy; the file is deleted once no lease covers it."""
         st = self._shared
         if st is None or not obj.shared:
+            return
+        if obj.pack:
+            obj.shared = 0
+            self._shared_pack_kill(obj, now)  # the pack's file goes with its last entry
             return
         st.untrack(obj, file_bytes(obj.key, obj.size))
         obj.shared = 0
@@ -273,6 +296,7 @@ class SharedTierMixin(MasterBase):
         if st is None:
             return
         st.queued.pop(node, None)
+        self._shared_pack_gone(node)
         for task in (*node.tasks, *node.inflight.values()):
             if task.op != "shared" or task.free_after:
                 continue
@@ -299,7 +323,8 @@ class SharedTierMixin(MasterBase):
                 obj = self._index.get(key)
                 if obj is None or obj.version != version or not obj.shared:
                     continue  # not a file the index names (any more): nothing to check
-                taken = reports.take(obj, self._shared_file(obj), now) or taken
+                taken = reports.take(obj, self._shared_file(obj), now,
+                                     self._shared_at(obj)) or taken
         if taken:
             reports.start(self)
 
@@ -380,5 +405,5 @@ class SharedTierMixin(MasterBase):
             return False
         st = self._shared
         through = st.writing.get(key) if st is not None else None
-        return bool(obj.shared) or bool(obj.evicting) or (
+        return (bool(obj.shared) and not obj.pack) or bool(obj.evicting) or (
             through is not None and through[0] is obj)

@@ -24,7 +24,7 @@ from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
 from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.sharedtier.config import map_path
-from kvctl.store.sharedtier.fileformat import SharedMissError, read_object
+from kvctl.store.sharedtier.fileformat import SharedMissError, read_entry, read_object
 
 #: Most threads a batch's files are read on (the caller's own included); more than the
 #: cores pays only on a file system whose reads wait on the network.
@@ -148,6 +148,11 @@ class SharedReader:
     def _read(self, key: str, slot: p.GetSlot, dest: memoryview | None) -> Got:
         path = map_path(slot.shared, self.path_map) if self.path_map else slot.shared
         try:
+            if slot.shared_at >= 0:  # a record in a pack file
+                data = read_entry(path, slot.shared_at, slot.key, slot.version, slot.checksum,
+                                  slot.size, dest if dest is None or dest.nbytes == slot.size
+                                  else dest[:slot.size])
+                return slot.size if data is None else data
             if dest is None:
                 data = read_object(path, slot.key, slot.version, slot.checksum, slot.size)
                 assert data is not None

@@ -43,6 +43,7 @@ from kvctl.store.sharedtier.fileformat import (
     file_bytes,
     header_bytes,
     read_bytes,
+    read_entry,
 )
 
 if TYPE_CHECKING:
@@ -68,9 +69,11 @@ WHOLE_READ_MAX = 64 << 20
 CHUNK = 4 << 20
 
 
-def verify(path: Path, key: str, version: int, size: int, csum: int) -> tuple[str, str] | None:
-    """``None`` when ``path`` is exactly the object the index names; else ``(kind, why)``
-    with kind ``ENOENT`` (missing) or ``corrupt`` (anything else wrong with it).
+def verify(path: Path, key: str, version: int, size: int, csum: int, at: int = -1
+           ) -> tuple[str, str] | None:
+    """``None`` when ``path`` is exactly the object the index names (``at`` >= 0: its
+    record at that offset of a pack is); else ``(kind, why)`` with kind ``ENOENT``
+    (missing) or ``corrupt`` (anything else wrong with it).
 
     Raises:
         OSError: the file system failed the read (``EIO``, ``ESTALE``...): nothing is
@@ -80,10 +83,13 @@ def verify(path: Path, key: str, version: int, size: int, csum: int) -> tuple[st
         before = os.lstat(path)
     except FileNotFoundError:
         return "ENOENT", "missing"
-    if size > WHOLE_READ_MAX and ALGORITHM == "xxh3-64":
+    if size > WHOLE_READ_MAX and ALGORITHM == "xxh3-64" and at < 0:
         return _verify_in_chunks(path, key, version, size, csum)
     try:
-        read_bytes(path, key, version, csum, size)
+        if at < 0:
+            read_bytes(path, key, version, csum, size)
+        else:
+            read_entry(path, at, key, version, csum, size)
     except SharedMissError as exc:
         try:
             os.lstat(path)
@@ -152,8 +158,9 @@ class BadFileReports:
     """
 
     def __init__(self, verify_bytes_per_s: int = VERIFY_BYTES_PER_S) -> None:
-        #: path -> (object as the index named it, when reported)
-        self.queue: OrderedDict[str, Obj] = OrderedDict()
+        #: path (``path@offset`` for a pack's record) -> (object as the index named it,
+        #: its file, its record's offset in a pack or -1)
+        self.queue: OrderedDict[str, tuple[Obj, str, int]] = OrderedDict()
         #: (key, version) -> when verified good
         self.good: OrderedDict[tuple[str, int], float] = OrderedDict()
         self.reports = 0
@@ -166,20 +173,22 @@ class BadFileReports:
 
     # ---- index side (lock held)
 
-    def take(self, obj: Obj, path: str, now: float) -> bool:
-        """Queue ``obj``'s file (named by the index) for a check; ``False`` when not taken
-        (queued already, verified good lately, or the queue is full)."""
+    def take(self, obj: Obj, path: str, now: float, at: int = -1) -> bool:
+        """Queue ``obj``'s file (named by the index; ``at`` >= 0: its record at that offset
+        of a pack) for a check; ``False`` when not taken (queued already, verified good
+        lately, or the queue is full)."""
         when = self.good.get((obj.key, obj.version))
         if when is not None and now - when < GOOD_FOR_S:
             self.dropped += 1
             return False
-        if path in self.queue:
+        name = path if at < 0 else f"{path}@{at}"
+        if name in self.queue:
             self.dropped += 1
             return False
         if len(self.queue) >= MAX_QUEUED:
             self.dropped += 1
             return False
-        self.queue[path] = obj
+        self.queue[name] = (obj, path, at)
         return True
 
     def was_good(self, obj: Obj, now: float) -> None:
@@ -215,12 +224,12 @@ class BadFileReports:
                 with core._lock:
                     if not self.queue:
                         break
-                    path, obj = self.queue.popitem(last=False)
+                    _, (obj, path, at) = self.queue.popitem(last=False)
                     checked = core._shared_check_wanted(obj)
                 if not checked:
                     continue
                 spent = self._pace(spent, obj.size)
-                self._check(core, Path(path), obj)
+                self._check(core, Path(path), obj, at)
 
     def _pace(self, ahead: float, nbytes: int) -> float:
         """Sleep so that reads stay under :attr:`verify_bytes_per_s`."""
@@ -230,15 +239,17 @@ class BadFileReports:
             time.sleep(ahead - now - 0.1)
         return ahead
 
-    def _check(self, core: SharedTierMixin, path: Path, obj: Obj) -> None:
+    def _check(self, core: SharedTierMixin, path: Path, obj: Obj, at: int = -1) -> None:
         try:
-            found = verify(path, obj.key, obj.version, obj.size, obj.checksum)
+            found = verify(path, obj.key, obj.version, obj.size, obj.checksum, at)
         except OSError as exc:
             with core._lock:
                 core._shared_check_failed(errno_name(exc),
                                           f"check of a reported file {path}: {exc}")
             return
         with core._lock:
+            if core._shared_at(obj) != at or core._shared_file(obj) != str(path):
+                return  # its copy moved meanwhile (dropped, written to another pack)
             if found is None:
                 self.was_good(obj, core._clock())
                 return

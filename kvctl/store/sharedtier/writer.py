@@ -27,7 +27,7 @@ from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
 from kvctl.store.sharedtier.config import map_path
-from kvctl.store.sharedtier.fileformat import errno_name, write_object
+from kvctl.store.sharedtier.fileformat import errno_name, write_object, write_pack
 
 _log = logging.getLogger("kvctl.store.sharedtier")
 
@@ -36,11 +36,12 @@ WAIT_S = 0.25
 
 
 class _Job:
-    __slots__ = ("done", "epoch", "late", "report", "task", "view")
+    __slots__ = ("done", "epoch", "late", "report", "task", "views")
 
-    def __init__(self, task: p.Task, view: memoryview, epoch: str) -> None:
+    def __init__(self, task: p.Task, views: list[memoryview], epoch: str) -> None:
         self.task = task
-        self.view = view
+        #: the object's DRAM range (a ``pack`` task: each entry's)
+        self.views = views
         self.epoch = epoch
         self.done = threading.Event()
         self.report: p.TaskReport | None = None
@@ -71,13 +72,15 @@ class SharedWriter:
 
     def run(self, task: p.Task, view_of: Callable[[int, int], memoryview], epoch: str
             ) -> p.TaskReport:
-        """Write ``task``'s range (``view_of(offset, size)``) to its file; its report, or a
-        ``pending`` one when the write takes longer than ``wait_s``."""
+        """Write ``task``'s range (``view_of(offset, size)``; a ``pack`` task: each entry's)
+        to its file; its report, or a ``pending`` one when the write takes longer than
+        ``wait_s``."""
         try:
-            view = view_of(task.offset, task.size)
+            views = ([view_of(e.offset, e.size) for e in task.entries] if task.op == "pack"
+                     else [view_of(task.offset, task.size)])
         except KvctlError as exc:
             return p.TaskReport(task_id=task.task_id, ok=False, error=f"EINVAL: {exc.cause}")
-        job = _Job(task, view, epoch)
+        job = _Job(task, views, epoch)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="kvctl-shared-writer",
                                             daemon=True)
@@ -99,7 +102,8 @@ class SharedWriter:
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
-            report = self._write(job.task, job.view, job.epoch)
+            report = (self._write_pack(job.task, job.views, job.epoch) if job.task.op == "pack"
+                      else self._write(job.task, job.views[0], job.epoch))
             with self._lock:
                 job.report = report
                 if job.late:
@@ -128,3 +132,31 @@ class SharedWriter:
             return changed
         self.written += 1
         return p.TaskReport(task_id=task.task_id, ok=True)
+
+    def _write_pack(self, task: p.Task, views: list[memoryview], epoch: str) -> p.TaskReport:
+        """A ``pack`` task: the entries whose DRAM still holds their object, as records of
+        one file (one fsync, one rename); the others are reported ``failed`` (their place
+        stays zeros, which no reader takes for a record)."""
+        entries = task.entries
+        good = [i for i, e in enumerate(entries) if checksum(views[i]) == e.checksum]
+        if not good:
+            return p.TaskReport(task_id=task.task_id, ok=False,
+                                error="CHANGED: the DRAM copies of a pack's objects changed "
+                                "before they were written")
+        path = map_path(task.path, self.path_map)
+        try:
+            write_pack(path, [(entries[i].key, entries[i].version, entries[i].checksum,
+                               entries[i].at, views[i]) for i in good], epoch,
+                       fsync=self.fsync)
+        except OSError as exc:
+            name = errno_name(exc)
+            text = (f"{name}: shared-tier write of a pack of {len(good)} objects to {path}: "
+                    f"{exc.strerror or exc}")
+            _log.warning("%s", text)
+            return p.TaskReport(task_id=task.task_id, ok=False, error=text,
+                                full=exc.errno in (errno.ENOSPC, errno.EDQUOT))
+        # changed while written: those records are not their objects
+        kept = {i for i in good if checksum(views[i]) == entries[i].checksum}
+        self.written += 1
+        return p.TaskReport(task_id=task.task_id, ok=True,
+                            failed=[i for i in range(len(entries)) if i not in kept])

@@ -1,0 +1,293 @@
+"""Shared tier packs: small copies written several to a file, each record read and checked
+alone, the file deleted with its last entry, evicted whole, kept across a restart."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from kvctl.errors import KvctlError
+from kvctl.store.checksum import checksum
+from kvctl.store.client import StoreClient
+from kvctl.store.master import MasterConfig, MasterCore
+from kvctl.store.server import MasterServer
+from kvctl.store.sharedtier.fileformat import (
+    SharedMissError,
+    entry_span,
+    file_name,
+    pack_name,
+    read_entry,
+    read_pack_offsets,
+    write_pack,
+)
+from kvctl.store.sharedtier.packs import AT_BITS
+from kvctl.store.state import open_state
+from tests.store.conftest import wait_for
+from tests.store.test_shared_tier import SharedCluster
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+def packs(root: Path) -> list[Path]:
+    return sorted(root.glob("pk/*.kvp"))
+
+
+def singles(root: Path) -> list[Path]:
+    return sorted(root.glob("*/*.kvs"))
+
+
+def _copied(client: StoreClient, keys: list[str]) -> None:
+    for key in keys:
+        wait_for(lambda k=key: "shared" in client.stat(k).tier, what="shared copy")
+
+
+class _Cluster(SharedCluster):
+    """A :class:`SharedCluster` whose etcd state has a cluster id of its own."""
+
+    cluster = ""
+
+    def _master(self, port: int = 0) -> MasterServer:
+        core = MasterCore(MasterConfig(node_timeout_s=2.0),
+                          open_state(self.state, cluster_id=self.cluster),
+                          shared_tier=self.tier)
+        return MasterServer(core, port=port)
+
+
+def _cluster(root: Path, **tier: object) -> SharedCluster:
+    tier.setdefault("policy", "write-through")
+    tier.setdefault("pack_below", 256 * KiB)
+    _Cluster.cluster = f"packs-{os.urandom(4).hex()}"
+    return _Cluster(root, **tier)
+
+
+def test_pack_records_read_alone_and_a_flipped_one_is_a_miss_for_itself(tmp_path: Path
+                                                                       ) -> None:
+    values = [(f"k{i}", os.urandom(1000 + 5000 * i)) for i in range(4)]
+    at, entries = 0, []
+    for key, data in values:
+        entries.append((key, 7, checksum(data), at, memoryview(data)))
+        at += entry_span(key, len(data))
+    path = tmp_path / pack_name(9)
+    write_pack(path, entries, "ab" * 8)
+    assert read_pack_offsets(path) == [e[3] for e in entries]
+    for (key, data), e in zip(values, entries, strict=True):
+        assert read_entry(path, e[3], key, 7, e[2], len(data)) == data
+        out = bytearray(len(data))
+        assert read_entry(path, e[3], key, 7, e[2], len(data), memoryview(out)) is None
+        assert out == data
+    raw = bytearray(path.read_bytes())
+    raw[entries[2][3] + 200] ^= 0x10
+    path.write_bytes(raw)
+    for i, ((key, data), e) in enumerate(zip(values, entries, strict=True)):
+        if i == 2:
+            with pytest.raises(SharedMissError, match="checksum"):
+                read_entry(path, e[3], key, 7, e[2], len(data))
+        else:
+            assert read_entry(path, e[3], key, 7, e[2], len(data)) == data
+    with pytest.raises(SharedMissError, match="another object"):  # a record of another key
+        read_entry(path, entries[1][3], "k0", 7, entries[1][2], len(values[1][1]))
+    with pytest.raises(SharedMissError, match="another object"):  # not a record's start
+        read_entry(path, entries[1][3] + 4096, "k1", 7, entries[1][2], len(values[1][1]))
+    with pytest.raises(SharedMissError, match="truncated"):
+        read_entry(path, len(raw) - 10, "k1", 7, entries[1][2], len(values[1][1]))
+    with pytest.raises(SharedMissError, match="opened"):
+        read_entry(tmp_path / "none.kvp", 0, "k1", 7, entries[1][2], 10)
+
+
+def test_small_puts_land_in_few_packs_and_outlive_their_node(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs")
+    try:
+        node = c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            values = {f"s{i}": os.urandom(16 * KiB) for i in range(48)}
+            values["big"] = os.urandom(MiB)  # above the threshold: a file of its own
+            client.batch_put(list(values.items()))
+            _copied(client, list(values))
+            assert 1 <= len(packs(c.root)) <= 3
+            assert [p.name for p in singles(c.root)] == [
+                file_name("big", client.stat("big").version).split("/")[1]]
+            st = client.status().shared
+            assert st is not None
+            assert st.files == len(packs(c.root)) + 1
+            assert st.used_bytes == sum(p.stat().st_size for p in packs(c.root)) + (
+                singles(c.root)[0].stat().st_size)
+        node.close()  # its DRAM goes: every read is from the tier now
+        c.nodes.clear()
+        with StoreClient(c.address) as client:  # one that never mapped the node's DRAM
+            keys = list(values)
+            assert client.batch_get(keys) == list(values.values())
+            outs = [bytearray(len(values[k])) for k in keys]
+            assert client.batch_get_into(keys, outs) == [len(values[k]) for k in keys]
+            assert outs == list(values.values())
+            assert client.get("s3") == values["s3"]
+            assert client.shared.misses == 0
+            assert client.shared.reads == 2 * len(keys) + 1
+    finally:
+        c.close()
+
+
+def test_a_flipped_record_is_a_miss_for_that_object_only_and_leaves_the_index(
+        tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs")
+    try:
+        node = c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            values = {f"f{i}": os.urandom(20 * KiB) for i in range(8)}
+            client.batch_put(list(values.items()))
+            _copied(client, list(values))
+            assert len(packs(c.root)) == 1
+        node.close()
+        c.nodes.clear()
+        with StoreClient(c.address) as client:
+            obj = c.server.core._index.get("f5")
+            assert obj is not None
+            at = obj.pack & ((1 << AT_BITS) - 1)
+            path = packs(c.root)[0]
+            raw = bytearray(path.read_bytes())
+            raw[at + 4096] ^= 0x01
+            path.write_bytes(raw)
+            got = client.batch_get(list(values))
+            for key, value in zip(values, got, strict=True):
+                if key == "f5":
+                    assert isinstance(value, KvctlError)
+                    assert "fails its checksum" in str(value)
+                else:
+                    assert value == values[key]
+            # reported, checked by the master: the index no longer names that record
+            wait_for(lambda: not getattr(c.server.core._index.get("f5"), "shared", 0),
+                     what="bad record dropped")
+            assert c.server.core._shared.packs[obj.pack >> AT_BITS].live == 7 if (
+                obj.pack) else True
+            assert client.get("f4") == values["f4"]
+            assert path.exists()  # its other records live
+    finally:
+        c.close()
+
+
+def test_a_pack_is_deleted_with_its_last_entry(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs")
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            keys = [f"d{i}" for i in range(6)]
+            client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+            _copied(client, keys)
+            [path] = packs(c.root)
+            client.put("d0", b"new bytes")  # an overwrite kills its entry
+            for key in keys[1:5]:
+                client.remove(key)
+            c.server.core.tick()
+            assert path.exists()  # d5 lives
+            st = client.status().shared
+            assert st is not None
+            assert st.files >= 1
+            client.remove("d5")
+            wait_for(lambda: (c.server.core.tick(), not path.exists())[1], what="pack gone")
+            wait_for(lambda: "shared" in client.stat("d0").tier, what="the new d0 copy")
+            st = client.status().shared
+            assert st is not None
+            assert st.files == 1  # the new d0's pack
+            assert st.used_bytes == sum(p.stat().st_size for p in packs(c.root))
+    finally:
+        c.close()
+
+
+def test_quota_evicts_whole_packs_oldest_first(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs", max_files=2)
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            groups = [[f"g{g}-{i}" for i in range(4)] for g in range(3)]
+            for keys in groups:  # one pack each
+                client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+                _copied(client, keys)
+            tiers = [[client.stat(k).tier for k in keys] for keys in groups]
+            assert tiers[0] == ["dram"] * 4  # the oldest pack went whole; DRAM kept
+            assert tiers[1] == tiers[2] == [["dram+shared"] * 4][0]
+            st = client.status().shared
+            assert st is not None
+            assert st.files == 2
+            assert st.evictions == 4
+            wait_for(lambda: (c.server.core.tick(), len(packs(c.root)) == 2)[1],
+                     what="evicted pack deleted")
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("state", ["journal", "etcd"])
+def test_master_restart_keeps_packs_readable_and_their_table(
+        tmp_path: Path, state: str, request: pytest.FixtureRequest) -> None:
+    url = (str(tmp_path / "state") if state == "journal"
+           else request.getfixturevalue("etcd_server").url)
+    c = _cluster(tmp_path / "dfs", state=url)
+    try:
+        node = c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            values = {f"r{i}": os.urandom(12 * KiB) for i in range(10)}
+            client.batch_put(list(values.items()))
+            _copied(client, list(values))
+            client.remove("r0")
+            before = client.status().shared
+        assert before is not None
+        table = {pid: (pk.live, pk.path) for pid, pk in c.server.core._shared.packs.items()}
+        node.close()
+        c.nodes.clear()
+        c.restart_master()
+        core = c.server.core
+        assert {pid: (pk.live, pk.path) for pid, pk in core._shared.packs.items()} == table
+        with StoreClient(c.address) as client:
+            after = client.status().shared
+            assert after is not None
+            assert after.files == before.files
+            del values["r0"]
+            assert client.batch_get(list(values)) == list(values.values())
+            for key in values:  # the last entries go: so does the file, after a restart
+                client.remove(key)
+            wait_for(lambda: (core.tick(), not packs(c.root))[1], what="pack deleted")
+    finally:
+        c.close()
+
+
+def test_an_orphan_pack_is_purged_and_a_named_one_kept(tmp_path: Path) -> None:
+    root = tmp_path / "dfs"
+    c = _cluster(root, orphan_grace_s=30.0, sweep_interval_s=0.0)
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            client.batch_put([(f"o{i}", os.urandom(4 * KiB)) for i in range(3)])
+            _copied(client, [f"o{i}" for i in range(3)])
+            [named] = packs(root)
+            # a master killed between the node's rename and its journal write
+            data = os.urandom(4096)
+            orphan = root / pack_name(12345)
+            write_pack(orphan, [("lost", 1, checksum(data), 0, memoryview(data))], "00" * 8)
+            old = time.time() - 120
+            for p in (orphan, named):
+                os.utime(p, (old, old))
+            deadline = time.monotonic() + 10
+            while orphan.exists() and time.monotonic() < deadline:
+                c.server.core.tick()
+                time.sleep(0.01)
+            assert not orphan.exists()
+            assert named.exists()
+            assert client.get("o1")
+    finally:
+        c.close()
+
+
+def test_packing_off_writes_a_file_per_object(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs", pack_below=0)
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            keys = [f"n{i}" for i in range(6)]
+            client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+            _copied(client, keys)
+            assert not packs(c.root)
+            assert len(singles(c.root)) == 6
+    finally:
+        c.close()
