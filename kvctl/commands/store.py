@@ -95,6 +95,11 @@ SharedCapacityOpt = Annotated[str | None, typer.Option(
 SharedFilesOpt = Annotated[int | None, typer.Option(
     "--shared-tier-files", show_default=False,
     help="Most files in the shared tier (default: 10,000,000).")]
+SharedPackOpt = Annotated[str | None, typer.Option(
+    "--shared-tier-pack-below", show_default=False,
+    help="Write shared-tier copies of objects smaller than this several to a file, e.g. "
+    "256KiB (one fsync and one name per pack: pays below about 256 KiB, docs/store.md); "
+    "0 (the default): a file per object.")]
 SharedMapOpt = Annotated[str | None, typer.Option(
     "--shared-tier-map", show_default=False,
     help="Where this host mounts the master's shared tier when not at the master's path: "
@@ -146,6 +151,7 @@ def serve(
     shared_tier_policy: SharedPolicyOpt = None,
     shared_tier_capacity: SharedCapacityOpt = None,
     shared_tier_files: SharedFilesOpt = None,
+    shared_tier_pack_below: SharedPackOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Run a master and one storage node in this process until SIGINT/SIGTERM.
@@ -165,7 +171,8 @@ def serve(
                              tenants=tenant or None, shared_tier=shared_tier,
                              shared_tier_policy=shared_tier_policy,
                              shared_tier_capacity=shared_tier_capacity,
-                             shared_tier_files=shared_tier_files)
+                             shared_tier_files=shared_tier_files,
+                             shared_tier_pack_below=shared_tier_pack_below)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     _warn_inline_tokens(out, tenant)
@@ -215,6 +222,7 @@ def master(
     shared_tier_policy: SharedPolicyOpt = None,
     shared_tier_capacity: SharedCapacityOpt = None,
     shared_tier_files: SharedFilesOpt = None,
+    shared_tier_pack_below: SharedPackOpt = None,
     node_grace: Annotated[str | None, typer.Option(
         "--node-grace", show_default=False,
         help="Heartbeat silence after which a suspect node is dropped with its objects' "
@@ -247,7 +255,8 @@ def master(
                              node_grace=node_grace, shared_tier=shared_tier,
                              shared_tier_policy=shared_tier_policy,
                              shared_tier_capacity=shared_tier_capacity,
-                             shared_tier_files=shared_tier_files)
+                             shared_tier_files=shared_tier_files,
+                             shared_tier_pack_below=shared_tier_pack_below)
     common = opts.settings(CommonSettings)
     out = opts.output(json_mode=json_)
     _warn_inline_tokens(out, tenant)
