@@ -248,6 +248,7 @@ def master(
 
     Example: kvctl store master --listen 127.0.0.1:50051 --state /var/lib/kvctl/master
     Example: kvctl store master --state /var/lib/kvctl/master --shared-tier /mnt/3fs/kvctl
+    Example: kvctl store master --shared-tier /mnt/3fs/kvctl --shared-tier-pack-below 256KiB
     """
     opts = global_options(ctx)
     settings = opts.settings(StoreSettings, listen=listen, state=state,
