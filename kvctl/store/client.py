@@ -565,7 +565,14 @@ class StoreClient:
             mapped=self._data.inline, known=self._data.known)
         stages: list[tuple[int, int]] = []
         try:
-            answer, early, attached = self._ask(request, guesses, dests, stages)
+            try:
+                answer, early, attached = self._ask(request, guesses, dests, stages)
+            except StoreUnavailableError:
+                if self._closed:  # close() from another thread: not the master's doing
+                    raise StoreError("store client was closed during the get",
+                                     "close a StoreClient only once its calls returned"
+                                     ) from None
+                raise
             reply = self._expect(answer, p.GetReply)
             self._check_slots(reply.slots, wire)
             out, todo, slots = self._answered(keys, dests, reply, early, attached)

@@ -10,12 +10,19 @@ every object with a file is served from it, byte for byte.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kvctl.store.client import StoreClient
-from kvctl.store.errors import BadRequestError, ObjectNotFoundError
+from kvctl.store.errors import (
+    BadRequestError,
+    ObjectNotFoundError,
+    StoreError,
+    StoreUnavailableError,
+)
 from kvctl.store.sharedtier import reader as reader_mod
 from tests.store.conftest import wait_for
 from tests.store.test_shared_tier import SharedCluster
@@ -64,5 +71,34 @@ def test_read_only_buffers_and_a_node_dying_under_a_mixed_batch(
                 else:
                     assert n == len(want[key]), (key, n)
                     assert buf[:n] == want[key], key
+    finally:
+        c.close()
+
+
+def test_a_get_whose_client_is_closed_under_it_says_so(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """close() from another thread while a get waits for the master's answer: the get
+    failed with 'store master at ... did not answer (Bad file descriptor)', blaming a
+    master that was fine."""
+    from kvctl.store import rpc
+
+    c = SharedCluster(tmp_path / "dfs")
+    try:
+        c.node(4 << 20)
+        client = StoreClient(c.address)
+        client.put("k", b"v" * 100)
+        real_recv = rpc.MasterConnection.recv
+
+        def closed_meanwhile(conn: rpc.MasterConnection, *a: Any, **kw: Any) -> Any:
+            closer = threading.Thread(target=client.close)
+            closer.start()
+            closer.join(10)
+            return real_recv(conn, *a, **kw)
+
+        monkeypatch.setattr(rpc.MasterConnection, "recv", closed_meanwhile)
+        with pytest.raises(StoreError, match="closed") as err:
+            client.get("k")
+        assert not isinstance(err.value, StoreUnavailableError), err.value
     finally:
         c.close()
