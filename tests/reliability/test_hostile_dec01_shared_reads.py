@@ -122,3 +122,44 @@ def test_a_batch_racing_close_leaves_no_reading_threads(tmp_path: Path,
     assert all(g == values for g in got)
     assert reader._pool is None
     assert _live_readers() == before
+
+
+def test_a_fork_while_another_thread_holds_the_readers_lock_does_not_hang_the_child(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader's lock is taken for a moment by every get (its counters) and batch (its
+    pool); a fork at that moment copied it held, and the child's first get hung."""
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)
+    values = [os.urandom(1000 + i) for i in range(4)]
+    wanted = []
+    for i, v in enumerate(values):
+        path = tmp_path / file_name(f"k{i}", 1)
+        write_object(path, f"k{i}", 1, memoryview(v), checksum(v), "ab" * 8)
+        wanted.append((f"k{i}", p.GetSlot(key=f"k{i}", size=len(v), checksum=checksum(v),
+                                          version=1, locations=[], shared=str(path)), None))
+    reader = SharedReader(threads=2)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with reader._lock:  # as a get counting its read in another thread
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        pid = os.fork()
+        if pid == 0:  # exit 0 only if both reads complete within 10 s
+            import signal
+            signal.alarm(10)
+            try:
+                ok = reader.read_many(wanted) == values and reader.read(*wanted[0]) == values[0]
+                os._exit(0 if ok else 1)
+            except BaseException:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+    finally:
+        release.set()
+        holder.join(10)
+        reader.close()

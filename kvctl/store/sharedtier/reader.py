@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
@@ -41,6 +42,19 @@ UNIT_S = 10e-6
 
 Want = tuple[str, p.GetSlot, memoryview | None]
 Got = bytes | int | KvctlError
+
+#: every reader of this process, so that a forked child gets fresh locks (below)
+_READERS: weakref.WeakSet[SharedReader] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A fork while another thread held a reader's lock (counting a read, starting the
+    pool) left it held for good in the child, whose first get then hung."""
+    for reader in list(_READERS):
+        reader._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class SharedReader:
@@ -69,6 +83,7 @@ class SharedReader:
         #: seconds a unit of reading takes (see UNIT_BYTES), as recent batches took it
         self._unit_s = UNIT_S
         self._lock = threading.Lock()
+        _READERS.add(self)
 
     def read(self, key: str, slot: p.GetSlot, dest: memoryview | None) -> Got:
         """``slot``'s object: its bytes, or the size once in ``dest``; a miss as an error
