@@ -163,3 +163,32 @@ def test_a_fork_while_another_thread_holds_the_readers_lock_does_not_hang_the_ch
         release.set()
         holder.join(10)
         reader.close()
+
+
+def test_close_in_a_forked_child_does_not_touch_the_parents_pool(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's copy of the parent's pool has no threads, and its shutdown lock may be
+    copied held (a submit in another thread at the fork): close() in the child hung."""
+    monkeypatch.setattr(reader_mod, "MIN_SHARE_S", 1e-12)
+    v = os.urandom(1000)
+    path = tmp_path / file_name("k", 1)
+    write_object(path, "k", 1, memoryview(v), checksum(v), "ab" * 8)
+    slot = p.GetSlot(key="k", size=len(v), checksum=checksum(v), version=1, locations=[],
+                     shared=str(path))
+    reader = SharedReader(threads=2)
+    assert reader.read_many([("k", slot, None)] * 4) == [v] * 4  # the pool is started
+    pool = reader._pool
+    assert pool is not None
+    with pool._shutdown_lock:  # as a submit in another thread at the fork
+        pid = os.fork()
+        if pid == 0:
+            import signal
+            signal.alarm(10)
+            try:
+                reader.close()
+                os._exit(0 if reader.read_many([("k", slot, None)] * 2) == [v] * 2 else 1)
+            except BaseException:
+                os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    reader.close()
+    assert os.waitstatus_to_exitcode(status) == 0, status

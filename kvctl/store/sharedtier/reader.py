@@ -133,8 +133,9 @@ class SharedReader:
         with self._lock:
             self._closed = True
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            mine = self._pool_pid == os.getpid()
+        if pool is not None and mine:  # (a forked child's copy has no threads to stop,
+            pool.shutdown(wait=True)  # and its locks may have been copied held)
 
     def _submit(self, wanted: Sequence[Want], start: int, end: int
                 ) -> Future[list[Got]] | None:
