@@ -155,7 +155,9 @@ def lead_now(settings: StoreSettings, *, token: str | None, cluster_id: str
                 f"{who} leads the store state in {settings.state}; a second master would "
                 "write the same state unfenced",
                 "point clients and nodes at the leader (--master etcd://...), stop it "
-                "first, or give this store its own state or KVCTL_CLUSTER_ID")
+                "first, or give this store its own state or KVCTL_CLUSTER_ID; a leader "
+                f"that died on another host holds the state until its {election.ttl_s:g} s "
+                "lease runs out (one that died on this host is taken over at once)")
         sock.close()  # the server binds the same port now
         return _start_leading(settings, host, bound, election, token=token,
                               cluster_id=cluster_id), election

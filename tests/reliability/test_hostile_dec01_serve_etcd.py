@@ -58,6 +58,7 @@ def test_a_refused_serve_names_the_leader_and_says_nothing_of_standing_by(
     assert "Error:" in refused.stderr
     assert "Hint:" in refused.stderr
     assert "standby" not in refused.stderr, refused.stderr
+    assert f"until its {TTL_S:g} s lease runs out" in refused.stderr  # a dead leader's
 
 
 def test_serve_on_a_stopped_etcd_exits_with_an_error_in_bounded_time(
