@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -141,3 +142,27 @@ def test_a_listener_registered_after_the_leadership_ended_is_told_at_once(
         assert late == ["another master claimed"]
     finally:
         election.close()
+
+
+def test_a_sigkilled_serves_puts_with_tier_copies_are_read_from_them_after_takeover(
+        etcd_url: str, procs: Callable[..., Proc], tmp_path: Path) -> None:  # noqa: F811
+    """Acknowledged puts outlive a SIGKILLed serve when the shared tier holds them: the
+    master that takes over the state reads the same directory and clients get the bytes."""
+    env = _env()
+    tier = str(tmp_path / "tier")
+    serve = procs("serve", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                  "--capacity", "16MiB", "--shared-tier", tier, "--shared-tier-policy",
+                  "write-through", env=env)
+    values = {f"k{i}": os.urandom(5000 + i) for i in range(12)}
+    with StoreClient(str(serve.wait_card()["master"]), timeout_s=5) as client:
+        client.batch_put(list(values.items()))
+        wait_for(lambda: all("shared" in client.stat(k).tier for k in values),
+                 timeout_s=20, what="write-through copies")
+    standby = procs("master", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd_url,
+                    "--shared-tier", tier, env=env)
+    wait_for(lambda: "standby; leader is" in standby.log, timeout_s=20, what="standby")
+    serve.proc.send_signal(signal.SIGKILL)
+    serve.proc.wait(10)
+    card = standby.wait_card(3 * TTL_S + 10)
+    with StoreClient(str(card["master"]), timeout_s=5) as client:
+        assert client.batch_get(list(values)) == list(values.values())
