@@ -316,3 +316,35 @@ def test_an_unreadable_chunk_stops_the_load(etcd_url: str) -> None:
         meta.put(key, b"\xc1 not msgpack")
     with pytest.raises(StoreUnavailableError, match="unreadable"):
         read_state(etcd_url, cluster_id=cluster)
+
+
+def test_a_snapshot_etcd_fails_leaves_the_state_whole(
+        spawn_etcd: Callable[[], ServerProcess]) -> None:
+    """etcd stops while a snapshot is being written: the snapshot fails (no manifest, the
+    log stays), it is not tried again at once (every tick would), and once etcd is back
+    the state loads whole and the next snapshot replaces the log."""
+    etcd = spawn_etcd()
+    cluster = f"snapfail-{secrets.token_hex(4)}"
+    state = MetadataState(etcd.url, cluster_id=cluster, timeout_s=0.5, compact_min=10)
+    records = _records(200)
+    state.put_node(NODE)
+    for rec in records:
+        state.put_object(rec)
+    assert state.ack(timeout_s=30) is None
+    list(state.replay())
+    snap = state.start_snapshot([NODE])
+    assert snap is not None
+    snap.add(records)
+    etcd.stop()
+    assert not snap.finish()
+    assert not state.snapshot_wanted(0)  # tried again later, not on every tick
+    etcd.start()
+    assert len(_objects(etcd.url, cluster)) == 200
+    assert _keys(etcd.url, f"kvctl/{cluster}/store/manifest") == []
+    again = state.start_snapshot([NODE])
+    assert again is not None
+    again.add(records)
+    assert again.finish()
+    assert _keys(etcd.url, f"kvctl/{cluster}/store/log/") == []
+    assert len(_objects(etcd.url, cluster)) == 200
+    state.close()
