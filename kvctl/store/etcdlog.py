@@ -205,7 +205,9 @@ class LogReader:
     Attributes:
         revision: the revision everything was read at.
         manifest: the snapshot that counted (``None``: none yet).
-        old_keys: records found in the old one-key-per-record layout.
+        old_keys: records loaded from the old one-key-per-record layout.
+        old_left: keys of the old layout are left beside a snapshot (a master stopped
+            while deleting them; they are not loaded).
         log_batches, log_changes: log batches read and the changes in them.
     """
 
@@ -218,6 +220,7 @@ class LogReader:
         self.revision = 0
         self.manifest: Manifest | None = None
         self.old_keys = 0
+        self.old_left = False
         self.log_batches = 0
         self.log_changes = 0
 
@@ -239,6 +242,9 @@ class LogReader:
         if self.manifest is not None:
             yield from self._snapshot(self.manifest)
             first = self.manifest.gen + 1
+            for sub, _ in OLD_LAYOUT:
+                self.old_left = self.old_left or any(True for _ in self._read(
+                    self._prefix + sub, 1, pages=1))
         else:
             yield from self._old_layout()
             first = 0
@@ -294,11 +300,14 @@ class LogReader:
                 yield from records
 
     def _read(self, prefix: str, limit: int, *, start: str | None = None,
-              grow: bool = False) -> Iterator[tuple[str, bytes]]:
+              grow: bool = False, pages: int | None = None) -> Iterator[tuple[str, bytes]]:
         try:
-            for page in read_pages(self._loader, prefix, limit=limit, revision=self.revision,
-                                   start=start, grow=grow):
+            for n, page in enumerate(read_pages(self._loader, prefix, limit=limit,
+                                                revision=self.revision, start=start,
+                                                grow=grow)):
                 yield from page
+                if pages is not None and n + 1 >= pages:
+                    return
         except MetadataError as exc:
             raise _unavailable(self._description, prefix, exc) from exc
 
@@ -394,10 +403,10 @@ class EtcdSnapshot(Snapshot):
 
 
 def delete_old_layout(loader: EtcdMetadata, prefix: str, write: TxnWriter,
-                      stop: threading.Event) -> int:
+                      stop: threading.Event) -> tuple[int, bool]:
     """Delete the old layout's keys (a snapshot has replaced them) ``CLEANUP_PAGE`` at a
-    time, so etcd never applies one huge deletion; the keys deleted. Stops at ``stop``, a
-    fenced write or an etcd error (the next snapshot tries again)."""
+    time, so etcd never applies one huge deletion: the keys deleted, and whether none is
+    left. Stops at ``stop``, a fenced write or an etcd error."""
     deleted = 0
     for sub, _ in OLD_LAYOUT:
         while not stop.is_set():
@@ -407,10 +416,10 @@ def delete_old_layout(loader: EtcdMetadata, prefix: str, write: TxnWriter,
                     break
                 last = page.entries[-1][0]
                 if not write([], [(page.entries[0][0], last + "\0")]):
-                    return deleted
+                    return deleted, False
             except MetadataError as exc:
                 _log.info("master state: deleting the old layout's keys paused: %s",
                           exc.cause)
-                return deleted
+                return deleted, False
             deleted += len(page.entries)
-    return deleted
+    return deleted, not stop.is_set()

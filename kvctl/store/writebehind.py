@@ -155,6 +155,8 @@ class MetadataState(StateBackend):
         self._log_batches = 0
         self._log_changes = 0
         self._old_layout = False
+        #: old-layout keys a snapshot replaced are still to be deleted (by sync())
+        self._old_left = False
         self._compact_min = compact_min
         self._chunk_bytes = snapshot_chunk_bytes
         self._snapshot: EtcdSnapshot | None = None
@@ -212,6 +214,7 @@ class MetadataState(StateBackend):
             self._learn(reader.revision)
             self._log_batches, self._log_changes = reader.log_batches, reader.log_changes
             self._old_layout = reader.old_keys > 0
+            self._old_left = reader.old_left
         _log.info("master state %s: loaded %s, %d log batch(es) of %d change(s)%s",
                   self.description,
                   f"snapshot of {reader.manifest.records} records" if reader.manifest
@@ -291,6 +294,12 @@ class MetadataState(StateBackend):
         if self._queue:  # changes nobody acknowledges (an eviction's): written now
             with self._cv:
                 self._cv.notify_all()
+        if (self._old_left and not self._stop and time.monotonic() >= self._retry_at
+                and (self._cleanup is None or not self._cleanup.is_alive())):
+            self._old_left = False  # old-layout keys a snapshot replaced: deleted now
+            self._cleanup = threading.Thread(target=self._delete_old_layout, daemon=True,
+                                             name="kvctl-state-cleanup")
+            self._cleanup.start()
 
     @property
     def backlog(self) -> int:
@@ -457,23 +466,28 @@ class MetadataState(StateBackend):
             batches, changes = self._snapshot_from
             self._log_batches = max(0, self._log_batches - batches)
             self._log_changes = max(0, self._log_changes - changes)
-            old, self._old_layout = self._old_layout, False
+            self._old_left = self._old_left or self._old_layout
+            self._old_layout = False
         _log.info("master state %s: snapshot %024x written", self.description,
                   snapshot.gen if snapshot is not None else 0)
-        if old and (self._cleanup is None or not self._cleanup.is_alive()):
-            self._cleanup = threading.Thread(target=self._delete_old_layout, daemon=True,
-                                             name="kvctl-state-cleanup")
-            self._cleanup.start()
 
     def _delete_old_layout(self) -> None:
-        loader = self._loader()
         try:
-            deleted = delete_old_layout(loader, self._prefix, self._snapshot_txn,
-                                        self._cleanup_stop)
-        finally:
-            loader.close()
-        _log.info("master state %s: %d record(s) of the old layout deleted",
-                  self.description, deleted)
+            loader = self._loader()
+        except StoreUnavailableError:
+            deleted, done = 0, False
+        else:
+            try:
+                deleted, done = delete_old_layout(loader, self._prefix, self._snapshot_txn,
+                                                  self._cleanup_stop)
+            finally:
+                loader.close()
+        _log.info("master state %s: %d record(s) of the old layout deleted%s",
+                  self.description, deleted, "" if done else "; the rest later")
+        if not done:
+            with self._cv:
+                self._old_left = True
+                self._retry_at = time.monotonic() + SNAPSHOT_RETRY_S
 
     # ------------------------------------------------------------------ fencing
 

@@ -243,7 +243,9 @@ def test_a_node_record_behind_its_objects_in_the_log_keeps_them(etcd_url: str) -
 def test_a_store_in_the_old_layout_loads_and_moves_to_the_log(etcd_url: str) -> None:
     """A store written one key per record (before the log) loads whole, changes made after
     go to the log, the master's first snapshot replaces the old keys (deleted in slices
-    afterwards), and the next master loads the same objects."""
+    afterwards), and the next master loads the same objects. Old keys left beside a
+    snapshot (a master stopped while deleting them) are not loaded, and deleted by the
+    next master."""
     cluster = f"old-{secrets.token_hex(4)}"
     prefix = f"kvctl/{cluster}/store/"
     encode = msgspec.msgpack.encode
@@ -264,7 +266,12 @@ def test_a_store_in_the_old_layout_loads_and_moves_to_the_log(etcd_url: str) -> 
         assert len(_objects(etcd_url, cluster)) == 299  # old keys + the log
         assert state.snapshot_wanted(299)
         core.tick()  # snapshots the live view
-        wait_for(lambda: not _keys(etcd_url, prefix + "objects/"), what="old keys deleted")
+
+        def deleted() -> bool:
+            core.tick()  # starts the deletion, once the snapshot is in
+            return not _keys(etcd_url, prefix + "objects/")
+
+        wait_for(deleted, what="old keys deleted")
         assert _keys(etcd_url, prefix + "nodes/") == []
         assert _keys(etcd_url, prefix + "manifest")
         assert not state.snapshot_wanted(299)
@@ -272,6 +279,22 @@ def test_a_store_in_the_old_layout_loads_and_moves_to_the_log(etcd_url: str) -> 
         core.close()
     loaded = _objects(etcd_url, cluster)
     assert sorted(loaded) == sorted(r.key for r in records if r.key != "k000007")
+
+    with open_metadata(etcd_url) as meta:  # as if the deletion had been cut short
+        assert isinstance(meta, EtcdMetadata)
+        meta.write_batch([(prefix + "objects/k000007", encode(records[7]))])
+    core = MasterCore(MasterConfig(node_timeout_s=1e6),
+                      state=MetadataState(etcd_url, cluster_id=cluster))
+    try:
+        assert core.exists(["k000007", "k000008"]) == [False, True]
+
+        def left_deleted() -> bool:
+            core.tick()
+            return not _keys(etcd_url, prefix + "objects/")
+
+        wait_for(left_deleted, what="the old key left deleted")
+    finally:
+        core.close()
 
 
 def test_a_deposed_masters_snapshot_is_refused(etcd_url: str) -> None:
