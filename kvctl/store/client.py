@@ -251,10 +251,12 @@ class StoreClient:
         sums = [checksum(v) for v in views]
         placed = self._arenas.place([v.nbytes for v in views]) if self._placeable(wire) \
             else None
-        out = self._put_placed(keys, wire, views, sums, *placed) if placed else None
+        kept: set[int] = set()
+        out = self._put_placed(keys, wire, views, sums, *placed, kept=kept) if placed \
+            else None
         if out is None:  # no reservation, or the master that granted it is gone
             return self._put_via_master(keys, wire, views, sums)
-        again = [i for i, err in enumerate(out) if err is not None]
+        again = [i for i, err in enumerate(out) if err is not None and i not in kept]
         if again:  # a replica's node failed, or the write ended too late: through the master
             redo = self._put_via_master([keys[i] for i in again], [wire[i] for i in again],
                                         [views[i] for i in again], [sums[i] for i in again])
@@ -289,12 +291,14 @@ class StoreClient:
         return out
 
     def _put_placed(self, keys: list[str], wire: list[str], views: list[memoryview],
-                    sums: list[int], arena: Arena, offsets: list[int]
-                    ) -> list[KvctlError | None] | None:
+                    sums: list[int], arena: Arena, offsets: list[int], *,
+                    kept: set[int] | None = None) -> list[KvctlError | None] | None:
         """Write objects at ``offsets`` of the reservation ``arena`` and report them to the
         master (one round trip per put, answered once they are durable); ``None`` when the
         master that granted the reservation is gone (the caller puts through the new
-        one)."""
+        one). ``kept`` gets the items the master recorded but could not make durable (its
+        state stalls): it writes them later, so they are not put again through it, whose
+        refusal ('takes no writes') would hide that."""
         n = len(keys)
         out: list[KvctlError | None] = [None] * n
         slots: list[p.PutSlot | p.ErrorInfo] = [p.PutSlot(key=wire[i], version=0, locations=[
@@ -346,6 +350,8 @@ class StoreClient:
         if not same:
             return None
         self._settle(reply, good, keys, out)
+        if kept is not None and isinstance(reply, p.Fail) and reply.error.code == "unavailable":
+            kept.update(good)  # recorded, not durable yet (see above)
         if not isinstance(reply, p.Ok):
             self._arenas.retire(arena)  # refused (a node not alive): reserve anew
             good = [i for i in good if out[i] is None]

@@ -166,3 +166,47 @@ def test_a_sigkilled_serves_puts_with_tier_copies_are_read_from_them_after_takeo
     card = standby.wait_card(3 * TTL_S + 10)
     with StoreClient(str(card["master"]), timeout_s=5) as client:
         assert client.batch_get(list(values)) == list(values.values())
+
+
+def test_a_put_refused_during_an_etcd_stall_says_the_master_keeps_it(
+        spawn_etcd: Callable[[], ServerProcess], procs: Callable[..., Proc]  # noqa: F811
+        ) -> None:
+    """etcd SIGSTOPped past serve's lease while a master stands by: a put meanwhile is not
+    acknowledged, and its error says the master keeps it. It said 'takes no writes' (the
+    answer of a second try through the master), though the first was recorded and became
+    durable once etcd answered. Then either serve leads on (nobody claimed in time) or
+    the standby takes over and serve exits 3, deposed; the state holds every put."""
+    from kvctl.store.writebehind import read_state
+
+    etcd = spawn_etcd()
+    pid = etcd._proc.pid  # type: ignore[union-attr]
+    env = _env()
+    serve = procs("serve", "--listen", f"127.0.0.1:{free_port()}", "--state", etcd.url,
+                  "--capacity", "16MiB", env=env)
+    with StoreClient(str(serve.wait_card()["master"]), timeout_s=5) as client:
+        for i in range(5):
+            client.put(f"k{i}", b"v" * 1000)
+        standby = procs("master", "--listen", f"127.0.0.1:{free_port()}", "--state",
+                        etcd.url, env=env)
+        wait_for(lambda: "standby; leader is" in standby.log, timeout_s=20, what="standby")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            time.sleep(TTL_S + 1)
+            with pytest.raises(StoreUnavailableError) as refused:
+                client.put("during", b"x" * 1000)
+            assert "it is written once the service takes it" in refused.value.cause
+            assert "takes no writes" not in refused.value.cause
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    want = {f"k{i}" for i in range(5)} | {"during"}
+    wait_for(lambda: want <= {o.key for o in read_state(
+        etcd.url, cluster_id=env["KVCTL_CLUSTER_ID"]).objects}, timeout_s=20,
+        what="every put in etcd")
+    time.sleep(TTL_S)
+    if standby.card is not None:  # the standby claimed first: serve stops, deposed
+        wait_for(lambda: serve.proc.poll() is not None, timeout_s=3 * TTL_S + 10,
+                 what="serve exiting, deposed")
+        assert serve.proc.returncode == 3, serve.log[-2000:]
+        assert "deposed" in serve.log
+    else:
+        assert serve.proc.poll() is None, serve.log[-2000:]
