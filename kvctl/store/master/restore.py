@@ -52,6 +52,8 @@ def _restore(core: MasterBase) -> int:
     max_version = 0
     #: one int object per shared-tier use stamp (copies stamped in a row share one)
     stamps: dict[int, int] = {}
+    #: a node's record was replaced or deleted: copies resolved before may name a node gone
+    replaced = False
     for entry in core.state.replay():
         if isinstance(entry, ObjectRecord):
             max_version = max(max_version, entry.version)
@@ -67,6 +69,7 @@ def _restore(core: MasterBase) -> int:
                 same.ssd_capacity_bytes, same.ssd_policy = (entry.ssd_capacity_bytes,
                                                             entry.ssd_policy)
                 continue
+            replaced = replaced or same is not None
             nodes[entry.node_id] = Node(
                 entry.node_id, entry.epoch, entry.segment, entry.endpoint, entry.host_id,
                 entry.capacity_bytes, entry.ssd_capacity_bytes, entry.ssd_policy,
@@ -74,14 +77,14 @@ def _restore(core: MasterBase) -> int:
         elif isinstance(entry, DeleteObject):
             objects.pop(entry.key, None)
         else:
-            nodes.pop(entry.node_id, None)
+            replaced = nodes.pop(entry.node_id, None) is not None or replaced
     known = set(nodes.values())
     ranges: dict[Node, list[tuple[int, int]]] = {n: [] for n in known}
     owners: dict[Node, list[Obj]] = {n: [] for n in known}
     for obj in objects.values():
-        if any(r.node not in known for r in obj.replicas):
+        if replaced and any(r.node not in known for r in obj.replicas):
             obj.replicas = tuple(r for r in obj.replicas if r.node in known)
-        if any(n not in known for n in obj.ssd):
+        if replaced and any(n not in known for n in obj.ssd):
             obj.ssd = tuple(n for n in obj.ssd if n in known)
         for rep in obj.replicas:
             ranges[rep.node].append((rep.offset, obj.size))
