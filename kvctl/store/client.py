@@ -256,12 +256,14 @@ class StoreClient:
             else None
         if out is None:  # no reservation, or the master that granted it is gone
             return self._put_via_master(keys, wire, views, sums)
-        again = [i for i, err in enumerate(out) if err is not None and i not in kept]
+        again = [i for i, err in enumerate(out) if err is not None]
         if again:  # a replica's node failed, or the write ended too late: through the master
             redo = self._put_via_master([keys[i] for i in again], [wire[i] for i in again],
                                         [views[i] for i in again], [sums[i] for i in again])
             for i, err in zip(again, redo, strict=True):
-                out[i] = err
+                # A kept item's second refusal ('takes no writes') would hide that the
+                # master has it: its first answer stands.
+                out[i] = out[i] if err is not None and i in kept else err
         return out
 
     def _placeable(self, wire: list[str]) -> bool:
@@ -296,9 +298,8 @@ class StoreClient:
         """Write objects at ``offsets`` of the reservation ``arena`` and report them to the
         master (one round trip per put, answered once they are durable); ``None`` when the
         master that granted the reservation is gone (the caller puts through the new
-        one). ``kept`` gets the items the master recorded but could not make durable (its
-        state stalls): it writes them later, so they are not put again through it, whose
-        refusal ('takes no writes') would hide that."""
+        one). ``kept`` gets the items the master recorded but could not make durable yet
+        (its state is slow or stalls): it writes them later."""
         n = len(keys)
         out: list[KvctlError | None] = [None] * n
         slots: list[p.PutSlot | p.ErrorInfo] = [p.PutSlot(key=wire[i], version=0, locations=[
