@@ -36,6 +36,16 @@ Needs root (namespaces). Prints a markdown table; ``--out`` writes JSON.
   pay: per object, writing 64 objects as 64 files (temporary name, fsync, rename) against
   one packed file of all 64, and reading each file (open, read, verify, close) against
   reading each from one open packed file, by object size, on DIR's file system.
+- **packed tier** (``--packed N``, root): the store itself with packing off and on
+  (``--shared-tier-pack-below 256KiB``): host B puts N objects of 16 KiB and of 64 KiB
+  with write-through, 32 to a ``batch_put``, as fast as the store takes them; puts/s,
+  objects that got their copy (a node queues at most 32 copy writes: past that a copy is
+  skipped, made at eviction instead), copies landed per second, files written (one fsync
+  each); then 256 more are put 32 at a time (each group's copies waited for), the node is
+  killed and host B gets those back with ``batch_get`` of 64 keys (per object, from the
+  tier only).
+
+    sudo .venv/bin/python benchmarks/shared_tier.py --packed 2048
 """
 
 from __future__ import annotations
@@ -212,9 +222,10 @@ with StoreClient(master) as c:
 """
 
 
-def _master(host: Host, tier: Path | None = None, policy: str = "write-back") -> Any:
-    env = {"KVCTL_STORE_SHARED_TIER": str(tier),
-           "KVCTL_STORE_SHARED_TIER_POLICY": policy} if tier is not None else {}
+def _master(host: Host, tier: Path | None = None, policy: str = "write-back",
+            pack_below: str = "0") -> Any:
+    env = {"KVCTL_STORE_SHARED_TIER": str(tier), "KVCTL_STORE_SHARED_TIER_POLICY": policy,
+           "KVCTL_STORE_SHARED_TIER_PACK_BELOW": pack_below} if tier is not None else {}
     proc = host.popen(["kvctl", "-q", "store", "master", "--listen",
                        f"{host.address}:{PORT}", "--json"], env=env)
     read_json_doc(proc)
@@ -407,6 +418,95 @@ def bench_packing(directory: Path, count: int = 64) -> dict[int, dict[str, float
     return out
 
 
+#: host B: put argv[3] objects of argv[2] bytes, 32 to a batch_put, as fast as the store
+#: takes them, then wait until their write-through copies stop landing (copies past a
+#: node's queue are skipped: written at eviction instead); ``fill``: 256 objects put 32 at
+#: a time, each group's copies waited for; ``get``: batched gets of those from the tier.
+PACKED = r"""
+import json, os, sys, time
+from kvctl.store.client import StoreClient
+master, size, n, phase = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+keys = [f"pk{size}-{i}" for i in range(n)]
+out = {}
+with StoreClient(master, lease=False) as c:
+    if phase == "put":
+        values = [os.urandom(size) for _ in range(64)]
+        t = time.perf_counter()
+        for start in range(0, n, 32):  # as fast as the store takes them
+            group = keys[start:start + 32]
+            errs = c.batch_put([(k, values[(start + i) % 64]) for i, k in enumerate(group)])
+            if any(errs):
+                raise SystemExit(f"put failed: {[e for e in errs if e][0]}")
+        out["puts_per_s"] = n / (time.perf_counter() - t)
+        copied, last, changed = 0, t, time.monotonic()
+        while time.monotonic() - changed < 2.0:  # until no copy landed for 2 s
+            now = sum("shared" in c.stat(k).tier for k in keys)
+            if now != copied:
+                copied, last, changed = now, time.perf_counter(), time.monotonic()
+            if copied == n:
+                break
+            time.sleep(0.05)
+        out["copied"] = copied
+        out["copied_per_s"] = copied / (last - t)
+        out["put_s"] = last - t
+        st = c.status().shared
+        out["files"] = st.files
+        out["writes"] = st.writes
+    elif phase == "fill":  # 256 objects for the gets, 32 at a time, each copy waited for
+        keys = [f"get{size}-{i}" for i in range(256)]
+        for start in range(0, 256, 32):
+            group = keys[start:start + 32]
+            c.batch_put([(k, os.urandom(size)) for k in group])
+            deadline = time.monotonic() + 60
+            while not all("shared" in c.stat(k).tier for k in group):
+                if time.monotonic() > deadline:
+                    raise SystemExit("copies did not land")
+                time.sleep(0.01)
+    else:
+        per = []
+        keys = [f"get{size}-{i}" for i in range(256)]
+        for r in range(40):
+            start = (r * 64) % 256
+            t = time.perf_counter()
+            got = c.batch_get(keys[start:start + 64])
+            per.append((time.perf_counter() - t) / 64)
+            assert all(isinstance(g, bytes) and len(g) == size for g in got)
+        per.sort()
+        out["batch_get_us"] = per[len(per) // 2] * 1e6
+        out["reads"] = c.shared.reads
+print(json.dumps(out))
+"""
+
+
+def bench_packed(net: HostNet, dfs: Path, n: int) -> dict[str, dict[int, dict[str, float]]]:
+    """The store's write-through copies and tier-only batched gets, packing off and on."""
+    a, b = net[0], net[1]
+    master = f"{a.address}:{PORT}"
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for name, below in (("a file per object", "0"), ("packed (< 256 KiB)", "256KiB")):
+        out[name] = {}
+        for size in (16 << 10, 64 << 10):
+            tier = dfs / f"packed-{below}-{size}"
+            mproc = _master(a, tier, "write-through", below)
+            node = _node(a, f"{max(64, 2 * n * size >> 20)}MiB")
+            try:
+                _wait_alive(b, master, True)
+                row = _run_json(b, PACKED, master, str(size), str(n), "put")
+                row["fsyncs_per_s"] = row["writes"] / row["put_s"]
+                _run_json(b, PACKED, master, str(size), "256", "fill")
+                node.kill()
+                node.wait(timeout=10)
+                a.sh("rm -f /dev/shm/kvctl-node-*")  # a killed node leaves its segment
+                _wait_alive(b, master, False)
+                row.update(_run_json(b, PACKED, master, str(size), str(n), "get"))
+            finally:
+                stop(node)
+                stop(mproc)
+                shutil.rmtree(tier, ignore_errors=True)
+            out[name][size] = row
+    return out
+
+
 def _size(n: int) -> str:
     return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
@@ -428,7 +528,26 @@ def main() -> int:
                     help="measure only the master's bytes per object for N objects")
     ap.add_argument("--packing", type=Path, metavar="DIR",
                     help="measure only files against one packed file, in DIR")
+    ap.add_argument("--packed", type=int, metavar="N",
+                    help="measure only the store's tier with packing off and on, N objects")
     args = ap.parse_args()
+    if args.packed:
+        with tempfile.TemporaryDirectory() as work, tempfile.TemporaryDirectory(
+                prefix="kvctl-dfs-", dir="/var/tmp") as dfs, HostNet(
+                2, Path(work), shared=Path(dfs)) as net:
+            packed = bench_packed(net, Path(dfs), args.packed)
+        print(f"| write-through, {args.packed} objects | object | puts/s | got a copy | "
+              "copies/s | files (fsyncs) | fsyncs/s | batch_get of 64 from the tier, "
+              "per object |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, rows in packed.items():
+            for size, r in rows.items():
+                print(f"| {name} | {_size(size)} | {r['puts_per_s']:,.0f} | "
+                      f"{r['copied']:,} | {r['copied_per_s']:,.0f} | {r['writes']:,} | "
+                      f"{r['fsyncs_per_s']:,.0f} | {r['batch_get_us']:.1f} us |")
+        if args.out:
+            args.out.write_text(json.dumps({"packed": packed}, indent=2))
+        return 0
     if args.packing:
         packing = bench_packing(args.packing)
         print("| object | write: files | packed | files / packed | read: files | packed |"

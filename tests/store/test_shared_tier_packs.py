@@ -291,3 +291,40 @@ def test_packing_off_writes_a_file_per_object(tmp_path: Path) -> None:
             assert len(singles(c.root)) == 6
     finally:
         c.close()
+
+
+def test_a_batch_reads_each_pack_with_one_open_and_a_missing_pack_misses_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvctl.store import protocol as p
+    from kvctl.store.sharedtier import fileformat
+    from kvctl.store.sharedtier.reader import SharedReader
+
+    slots, values = [], []
+    for pack_id in (1, 2, 3):
+        at, entries = 0, []
+        for i in range(5):
+            key, data = f"p{pack_id}-{i}", os.urandom(3000 + i)
+            entries.append((key, 4, checksum(data), at, memoryview(data)))
+            slots.append(p.GetSlot(key=key, size=len(data), checksum=checksum(data), version=4,
+                                   locations=[], shared=str(tmp_path / pack_name(pack_id)),
+                                   shared_at=at))
+            values.append(data)
+            at += entry_span(key, len(data))
+        write_pack(tmp_path / pack_name(pack_id), entries, "00" * 8)
+    (tmp_path / pack_name(2)).unlink()
+    opened: list[str] = []
+    real = fileformat._open
+    monkeypatch.setattr(fileformat, "_open", lambda path, key: (opened.append(str(path)),
+                                                                real(path, key))[1])
+    reader = SharedReader(threads=1)
+    got = reader.read_many([(s.key, s, None) for s in slots])
+    assert got[:5] == values[:5]
+    assert all(isinstance(g, KvctlError) for g in got[5:10])
+    assert got[10:] == values[10:]
+    assert sorted(set(opened)) == sorted(str(tmp_path / pack_name(i)) for i in (1, 2, 3))
+    assert len(opened) == 2 + 5  # one open per pack, again per record of the missing one
+    outs = [bytearray(s.size) for s in slots]
+    got = reader.read_many([(s.key, s, memoryview(o)) for s, o in zip(slots, outs,
+                                                                       strict=True)])
+    assert got[:5] == [s.size for s in slots[:5]]
+    assert outs[10:] == values[10:]

@@ -275,6 +275,8 @@ PACK_MAGIC = b"KVPK"
 PACK_TAIL = struct.Struct("<4sI")
 #: offsets of records in a pack are multiples of this
 PACK_ALIGN = 4096
+#: most records a pack's trailer may list (--shared-tier-pack-entries is at most 4096)
+PACK_MAX_COUNT = 4096
 #: ``<pack id hex>.kvp``
 PACK_NAME_RE = re.compile(r"^([0-9a-f]{1,16})\.kvp$")
 
@@ -334,16 +336,42 @@ def read_entry(path: str | Path, at: int, key: str, version: int, csum: int, siz
         SharedMissError: missing, cut short, another object's record (or none) at ``at``,
             or the bytes fail the checksum.
     """
+    fd = open_pack(path, key)
+    try:
+        return read_record(fd, at, key, version, csum, size, dest)
+    finally:
+        os.close(fd)
+
+
+def open_pack(path: str | Path, key: str) -> int:
+    """A descriptor of the pack at ``path`` for :func:`read_record` (``key``: the object
+    a failure names).
+
+    Raises:
+        SharedMissError: it cannot be opened (missing, a link).
+    """
+    return _open(path, key)
+
+
+def read_record(fd: int, at: int, key: str, version: int, csum: int, size: int,
+                dest: memoryview | None = None) -> bytes | None:
+    """:func:`read_entry` from an open pack (a batch reads several records of one pack
+    with one ``open``).
+
+    Raises:
+        SharedMissError: as :func:`read_entry`.
+    """
     kb = key.encode("utf-8", "surrogatepass")
     hsize = HEADER.size + len(kb)
-    head = bytearray(hsize)
-    fd = _open(path, key)
     try:
         if dest is None:
-            got = _pread_all(fd, [memoryview(head)], at)
-            data = _pread_rest(fd, size, at + hsize) if got == hsize else b""
-            got += len(data)
+            head: bytes | bytearray = os.pread(fd, hsize, at)
+            data = os.pread(fd, size, at + hsize) if len(head) == hsize else b""
+            if len(head) == hsize and len(data) < size:  # a short read, or the end
+                data += _pread_rest(fd, size - len(data), at + hsize + len(data))
+            got = len(head) + len(data)
         else:
+            head = bytearray(hsize)
             views = [memoryview(head), dest]
             got = os.preadv(fd, views, at)
             if got < hsize + size:  # a short read: the rest, or the end (cut under us)
@@ -351,8 +379,6 @@ def read_entry(path: str | Path, at: int, key: str, version: int, csum: int, siz
     except OSError as exc:
         raise SharedMissError(f"shared-tier pack record of {key!r} cannot be read: "
                               f"{errno_name(exc)}", None) from None
-    finally:
-        os.close(fd)
     if got != hsize + size:
         raise SharedMissError(f"shared-tier pack record of {key!r} is truncated", None)
     if not head.startswith(_CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version)) or (
@@ -391,8 +417,8 @@ def read_pack_offsets(path: str | Path) -> list[int] | None:
         magic, count = PACK_TAIL.unpack(os.pread(fd, PACK_TAIL.size,
                                                  info.st_size - PACK_TAIL.size))
         start = info.st_size - PACK_TAIL.size - 8 * count
-        if magic != PACK_MAGIC or start < 0:
-            return None
+        if magic != PACK_MAGIC or start < 0 or count > PACK_MAX_COUNT:
+            return None  # (a sparse file's trailer could ask for a read of 32 GiB)
         raw = os.pread(fd, 8 * count, start)
     except OSError:
         return None

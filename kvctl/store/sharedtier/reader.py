@@ -25,7 +25,13 @@ from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
 from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.sharedtier.config import map_path
-from kvctl.store.sharedtier.fileformat import SharedMissError, read_entry, read_object
+from kvctl.store.sharedtier.fileformat import (
+    SharedMissError,
+    open_pack,
+    read_entry,
+    read_object,
+    read_record,
+)
 
 #: Most threads a batch's files are read on (the caller's own included); more than the
 #: cores pays only on a file system whose reads wait on the network.
@@ -39,6 +45,10 @@ MIN_SHARE_S = 1e-3
 #: at UNIT_S seconds a unit until batches have been timed (then what they took).
 UNIT_BYTES = 64 << 10
 UNIT_S = 10e-6
+
+#: Most pack files one thread of a batch keeps open (its records are read with one open
+#: per pack; a batch over more packs opens them again).
+MAX_OPEN_PACKS = 16
 
 Want = tuple[str, p.GetSlot, memoryview | None]
 Got = bytes | int | KvctlError
@@ -159,15 +169,32 @@ class SharedReader:
             return None
 
     def _read_range(self, wanted: Sequence[Want], start: int, end: int) -> list[Got]:
-        return [self._read(*wanted[i]) for i in range(start, end)]
+        packs: dict[str, int] = {}  # pack files this share has open: one open for its records
+        try:
+            return [self._read(*wanted[i], packs) for i in range(start, end)]
+        finally:
+            for fd in packs.values():
+                os.close(fd)
 
-    def _read(self, key: str, slot: p.GetSlot, dest: memoryview | None) -> Got:
+    def _read(self, key: str, slot: p.GetSlot, dest: memoryview | None,
+              packs: dict[str, int] | None = None) -> Got:
         path = map_path(slot.shared, self.path_map) if self.path_map else slot.shared
         try:
             if slot.shared_at >= 0:  # a record in a pack file
-                data = read_entry(path, slot.shared_at, slot.key, slot.version, slot.checksum,
-                                  slot.size, dest if dest is None or dest.nbytes == slot.size
-                                  else dest[:slot.size])
+                view = dest if dest is None or dest.nbytes == slot.size else dest[:slot.size]
+                if packs is None:
+                    data = read_entry(path, slot.shared_at, slot.key, slot.version,
+                                      slot.checksum, slot.size, view)
+                    return slot.size if data is None else data
+                fd = packs.get(slot.shared)
+                if fd is None:
+                    if len(packs) >= MAX_OPEN_PACKS:
+                        for other in packs.values():
+                            os.close(other)
+                        packs.clear()
+                    fd = packs[slot.shared] = open_pack(path, slot.key)
+                data = read_record(fd, slot.shared_at, slot.key, slot.version, slot.checksum,
+                                   slot.size, view)
                 return slot.size if data is None else data
             if dest is None:
                 data = read_object(path, slot.key, slot.version, slot.checksum, slot.size)
