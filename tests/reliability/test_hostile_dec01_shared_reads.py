@@ -192,3 +192,18 @@ def test_close_in_a_forked_child_does_not_touch_the_parents_pool(
     _, status = os.waitpid(pid, 0)
     reader.close()
     assert os.waitstatus_to_exitcode(status) == 0, status
+
+
+def test_a_pack_trailer_asking_for_billions_of_offsets_is_no_pack(tmp_path: Path) -> None:
+    """A sparse 64 GiB file whose trailer claims 2^32-1 records passed the bounds check
+    (they fit in its size) and read_pack_offsets asked for a 32 GiB read."""
+    from kvctl.store.sharedtier.fileformat import PACK_MAGIC, PACK_TAIL, read_pack_offsets
+
+    path = tmp_path / "1.kvp"
+    with path.open("wb") as fh:
+        fh.truncate(64 << 30)
+        fh.seek((64 << 30) - PACK_TAIL.size)
+        fh.write(PACK_TAIL.pack(PACK_MAGIC, 0xFFFFFFFF))
+    started = time.monotonic()
+    assert read_pack_offsets(path) is None
+    assert time.monotonic() - started < 5
