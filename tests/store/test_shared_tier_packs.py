@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace as msgspec_replace
 
 from kvctl.errors import KvctlError
 from kvctl.store.checksum import checksum
@@ -328,3 +329,54 @@ def test_a_batch_reads_each_pack_with_one_open_and_a_missing_pack_misses_alone(
                                                                        strict=True)])
     assert got[:5] == [s.size for s in slots[:5]]
     assert outs[10:] == values[10:]
+
+
+def test_the_writer_leaves_out_records_whose_dram_changed(tmp_path: Path) -> None:
+    from kvctl.store import protocol as p
+    from kvctl.store.sharedtier.writer import SharedWriter
+
+    dram = bytearray(os.urandom(3 * 8192))
+    sums = [checksum(dram[i * 8192:(i + 1) * 8192]) for i in range(3)]
+    sums[1] ^= 1  # its DRAM copy moved on
+    entries = [p.PackEntry(f"w{i}", 5, i * 8192, 8192, sums[i], i * entry_span("w0", 8192))
+               for i in range(3)]
+    path = tmp_path / pack_name(77)
+    task = p.Task(task_id=1, op="pack", key="", version=77, offset=0, size=0, checksum=0,
+                  path=str(path), entries=entries)
+    writer = SharedWriter()
+    report = writer.run(task, lambda off, size: memoryview(dram)[off:off + size], "ab" * 8)
+    assert report.ok
+    assert report.failed == [1]
+    assert read_pack_offsets(path) == [entries[0].at, entries[2].at]
+    assert read_entry(path, entries[2].at, "w2", 5, sums[2], 8192) == dram[2 * 8192:]
+    with pytest.raises(SharedMissError):  # zeros where it would have been
+        read_entry(path, entries[1].at, "w1", 5, sums[1], 8192)
+    every = msgspec_replace(task, task_id=2, entries=[
+        msgspec_replace(e, checksum=e.checksum ^ 2) for e in entries])
+    path.unlink()
+    report = writer.run(every, lambda off, size: memoryview(dram)[off:off + size], "ab" * 8)
+    assert not report.ok
+    assert report.error.startswith("CHANGED")
+    assert not path.exists()
+
+
+def test_write_back_evictions_are_packed_and_their_dram_freed(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs", policy="write-back")
+    try:
+        node = c.node(4 * MiB)
+        with StoreClient(c.address) as client:
+            values = {f"e{i}": os.urandom(40 * KiB) for i in range(150)}  # 6 MiB through 4
+            for key, value in values.items():
+                client.put(key, value)
+            wait_for(lambda: sum(client.stat(k).tier == "shared" for k in values) >= 40,
+                     what="write-back")
+            evicted = [k for k in values if client.stat(k).tier == "shared"]
+            assert len(packs(c.root)) < len(evicted) / 4  # several evictions to a file
+            assert not singles(c.root)
+        node.close()
+        c.nodes.clear()
+        with StoreClient(c.address) as client:
+            assert client.batch_get(evicted) == [values[k] for k in evicted]
+            assert client.shared.reads == len(evicted)
+    finally:
+        c.close()
