@@ -3,7 +3,9 @@ alone, the file deleted with its last entry, evicted whole, kept across a restar
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -378,5 +380,58 @@ def test_write_back_evictions_are_packed_and_their_dram_freed(tmp_path: Path) ->
         with StoreClient(c.address) as client:
             assert client.batch_get(evicted) == [values[k] for k in evicted]
             assert client.shared.reads == len(evicted)
+    finally:
+        c.close()
+
+
+def test_a_full_file_system_fails_a_pack_whole_and_leaks_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "small"
+    root.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
+            capture_output=True, check=False).returncode != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    try:
+        c = _cluster(root / "tier", full_retry_s=60.0)
+        try:
+            c.node(64 * MiB)
+            with StoreClient(c.address) as client:
+                values = [(f"x{i}", os.urandom(64 * KiB)) for i in range(30)]  # 2 MiB
+                client.batch_put(values)
+                core = c.server.core
+                st = core._shared
+                wait_for(lambda: client.status().shared.errors["ENOSPC"] >= 1,
+                         what="ENOSPC")
+                wait_for(lambda: not st.writing and not any(
+                    pk.task is not None for pk in st.packs.values()), what="writes over")
+                assert all(pk.landed for pk in st.packs.values())
+                assert st.files == len(packs(root / "tier")) == len(st.packs)
+                assert st.used_bytes == sum(p.stat().st_size for p in packs(root / "tier"))
+                assert not list((root / "tier").rglob("*.tmp"))
+                assert client.batch_get([k for k, _ in values]) == [v for _, v in values]
+        finally:
+            c.close()
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def test_a_node_dropped_with_a_pack_in_flight_leaves_nothing_behind(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs")
+    try:
+        node = c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            client.batch_put([(f"z{i}", os.urandom(8 * KiB)) for i in range(10)])
+            node.close()  # before the copies' task is carried out (or reported)
+            c.nodes.clear()
+            core = c.server.core
+            st = core._shared
+            with core._lock:
+                [dropped] = list(core._nodes.values())
+            core.drop_node(dropped.node_id)
+            assert not st.writing
+            assert not st.open_packs
+            assert not [pk for pk in st.packs.values() if not pk.landed]
+            assert st.queued.get(dropped, (0, 0)) == (0, 0)
     finally:
         c.close()
