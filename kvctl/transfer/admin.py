@@ -10,7 +10,7 @@ from kvctl.errors import UsageError
 from kvctl.transfer.errors import SegmentNotFoundError
 from kvctl.transfer.metadata import MetadataClient, key_prefix
 from kvctl.transfer.segments import SHM_DIR, SegmentInfo, host_id
-from kvctl.transfer.shmfiles import pid_alive
+from kvctl.transfer.shmfiles import delete_if_unowned, pid_alive
 
 _log = logging.getLogger("kvctl.transfer")
 
@@ -88,8 +88,7 @@ def remove_segment(metadata: MetadataClient, cluster_id: str, name: str) -> Remo
         for buf in info.buffers:
             path = Path(buf.path) if buf.path else None
             if (path is not None and path.parent == SHM_DIR and path.name.startswith("kvctl-")
-                    and str(path) not in removed and path.exists()):
-                path.unlink(missing_ok=True)
+                    and str(path) not in removed and delete_if_unowned(path) is not None):
                 removed.append(str(path))
     metadata.delete(key)
     return RemovedSegment(name, key, tuple(removed))

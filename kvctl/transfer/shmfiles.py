@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -103,6 +104,19 @@ def sweep_dead(shm_dir: Path, *, grace_s: float = GRACE_S, limit: int = SWEEP_LI
                   len(removed), shm_dir, sum(s for _, s in removed),
                   ", ".join(n for n, _ in removed[:5]) + (" ..." if len(removed) > 5 else ""))
     return removed
+
+
+def delete_if_unowned(path: Path) -> int | None:
+    """Delete the segment file ``path`` if it is a regular file of ours that nobody holds
+    the owner's lock on (its owner is gone, whatever pid namespace it ran in); its size,
+    or None when it was kept."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        return None
+    return _delete_unlocked(path, st.st_ino)
 
 
 def _delete_unlocked(path: Path, inode: int) -> int | None:

@@ -93,3 +93,28 @@ def test_owner_pid_parses_only_ascii_pids() -> None:
     assert shmfiles.owner_pid("kvctl-x-\u00b2-0badf00d") is None
     assert shmfiles.owner_pid("kvctl-0badf00d") is None
     assert shmfiles.owner_pid("x-1-2") is None
+
+
+def test_delete_if_unowned_keeps_a_locked_file_and_other_kinds(tmp_path: Path) -> None:
+    """What ``kvctl segment rm`` deletes: a regular file of ours nobody holds the owner's
+    lock on; never a locked one (a live owner the pid check cannot see), a link or a dir."""
+    free = _file(tmp_path, "kvctl-free-1-00000000", size=100)
+    held = _file(tmp_path, "kvctl-held-1-00000000")
+    link = tmp_path / "kvctl-link-1-00000000"
+    link.symlink_to(free)
+    folder = tmp_path / "kvctl-dir-1-00000000"
+    folder.mkdir()
+    fd = os.open(held, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    try:
+        assert shmfiles.delete_if_unowned(held) is None
+        assert shmfiles.delete_if_unowned(link) is None
+        assert shmfiles.delete_if_unowned(folder) is None
+        assert shmfiles.delete_if_unowned(tmp_path / "kvctl-none-1-0") is None
+        assert shmfiles.delete_if_unowned(free) == 100
+    finally:
+        os.close(fd)
+    assert held.exists()
+    assert link.is_symlink()
+    assert folder.is_dir()
+    assert not free.exists()
