@@ -332,14 +332,18 @@ class MetadataState(StateBackend):
         delay = 0.0
         while True:
             error: str | None = None
-            if self._etcd is not None and self._next_seq is None:
-                error = self._learn_revision()  # a state written before it was loaded
             with self._cv:
-                while error is None and not self._ready():
+                while not self._ready():
                     self._cv.wait()
+                learn = self._etcd is not None and self._next_seq is None
+            if learn:  # changes to write before the state was loaded (tools, tests)
+                error = self._learn_revision()
+            with self._cv:
                 batch = self._take() if error is None else []
-                if not batch and error is None:  # stopping, and nothing left to take
-                    return
+                if not batch and error is None:
+                    if self._stop:  # and nothing left to take
+                        return
+                    continue  # another writer took them while this one learnt
                 log_seq = 0
                 if self._next_seq is not None and batch:
                     log_seq, self._next_seq = self._next_seq, self._next_seq + 1
