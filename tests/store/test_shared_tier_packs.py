@@ -435,3 +435,34 @@ def test_a_node_dropped_with_a_pack_in_flight_leaves_nothing_behind(tmp_path: Pa
             assert st.queued.get(dropped, (0, 0)) == (0, 0)
     finally:
         c.close()
+
+
+def test_a_pack_whose_every_record_changed_while_written_is_deleted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvctl.store import protocol as p
+    from kvctl.store.sharedtier.writer import SharedWriter
+
+    real = SharedWriter._write_pack
+
+    def changed_meanwhile(self: SharedWriter, task: p.Task, views: list[memoryview],
+                          epoch: str) -> p.TaskReport:
+        report = real(self, task, views, epoch)  # written and renamed, then found changed
+        return msgspec_replace(report, failed=list(range(len(task.entries))))
+
+    monkeypatch.setattr(SharedWriter, "_write_pack", changed_meanwhile)
+    c = _cluster(tmp_path / "dfs")
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            keys = [f"c{i}" for i in range(5)]
+            client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+            core = c.server.core
+            wait_for(lambda: (core.tick(), core._shared.writes >= 1 and not packs(c.root))[1],
+                     what="the pack deleted")
+            assert not core._shared.packs
+            assert [client.stat(k).tier for k in keys] == ["dram"] * 5
+            st = client.status().shared
+            assert st is not None
+            assert (st.files, st.used_bytes) == (0, 0)
+    finally:
+        c.close()

@@ -234,7 +234,7 @@ class SharedState:
 
     def next_stamp(self) -> int:
         """A use stamp for a copy landing (or used) now: the current one, shared by
-        ``files // STAMP_BUCKETS`` copies in a row (at least 1)."""
+        ``copies // STAMP_BUCKETS`` copies in a row (at least 1)."""
         if self._in_bucket >= self._bucket():
             self.stamp += 1
             self._in_bucket = 0
@@ -246,7 +246,8 @@ class SharedState:
         return (self.stamp - stamp) * self._bucket()
 
     def _bucket(self) -> int:
-        return max(1, self.files // STAMP_BUCKETS)
+        # copies, not files (a pack file holds many; every file holds at least one)
+        return max(1, max(self.files, len(self.lru)) // STAMP_BUCKETS)
 
     def may_restamp(self, now: float, per_s: float) -> bool:
         """Whether a use stamp may be written into a record now (a token bucket of

@@ -121,7 +121,7 @@ class SharedTierMixin(SharedPacks):
         if lru.get(obj.key) is obj:
             del lru[obj.key]
             lru[obj.key] = obj
-            if st.stamp_age(obj.shared) > max(RESTAMP_MIN_AGE, st.files // 2) and (
+            if st.stamp_age(obj.shared) > max(RESTAMP_MIN_AGE, len(lru) // 2) and (
                     st.may_restamp(self._clock(), RESTAMPS_PER_S)):
                 obj.shared = st.next_stamp()  # would restore in the older half: renew
                 self._persist(obj)

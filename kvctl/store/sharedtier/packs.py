@@ -189,8 +189,10 @@ class SharedPacks(MasterBase):
                                max(0, nbytes - through_bytes))
         if pack is None:
             return
-        if not report.ok:
-            del st.packs[pack.pack_id]  # no file (a failed write removes its temporary)
+        if not written:  # a failed write left no file (its temporary is removed), ...
+            del st.packs[pack.pack_id]
+            if report.ok:  # ... one whose every record changed while written is deleted
+                st.unlink_later(pack.path, now)
             return
         last = written[-1]
         pack.nbytes = pack_bytes(last.at + file_bytes(last.key, last.size), len(written))

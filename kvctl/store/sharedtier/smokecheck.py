@@ -17,9 +17,11 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from kvctl.errors import KvctlError
+from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
 from kvctl.store.sharedtier.config import map_path
-from kvctl.store.sharedtier.fileformat import SharedMissError, file_name, read_bytes
+from kvctl.store.sharedtier.reader import SharedReader
 from kvctl.store.smoke import _wait_for
 
 MiB = 1 << 20
@@ -87,7 +89,7 @@ def run_check(client: StoreClient, key: Callable[[str], str],
     if shared is None:
         raise SharedCheckSkipError("the master has no shared tier (--shared-tier)")
     if start_writer is None:
-        return _read_from_here(client, shared.root, evicted)
+        return _read_from_here(client, evicted)
     writer = start_writer()
     if not _wait_for(lambda: any(n.node_id == writer.node_id and n.alive
                              for n in client.status().nodes), 20.0):
@@ -121,19 +123,21 @@ def run_check(client: StoreClient, key: Callable[[str], str],
             "its shared-tier file, byte for byte")
 
 
-def _read_from_here(client: StoreClient, root: str, keys: Sequence[str]) -> str:
+def _read_from_here(client: StoreClient, keys: Sequence[str]) -> str:
     for name in keys:
         info = client.stat(name)
         if "shared" not in info.tier:
             continue
-        path = map_path(f"{root}/{file_name(client.namespace + name, info.version)}",
-                        client.shared.path_map)
-        try:
-            data = read_bytes(path, client.namespace + name, info.version, info.checksum,
-                              info.size)
-        except SharedMissError as exc:
+        # the file (or pack record) the master names for it, read here as a get would
+        reply = client._call(p.Get(keys=[client.namespace + name], lease=False))
+        slot = reply.slots[0] if isinstance(reply, p.GetReply) else None
+        if not isinstance(slot, p.GetSlot) or not slot.shared:
+            continue
+        path = map_path(slot.shared, client.shared.path_map)
+        data = SharedReader(client.shared.path_map, threads=1).read(name, slot, None)
+        if isinstance(data, KvctlError):
             raise SharedCheckFailError(f"{name}: its shared-tier file {path} does not read "
-                                       f"back from this host: {exc.cause}") from None
+                                       f"back from this host: {data.cause}")
         if data != client.get(name):
             raise SharedCheckFailError(f"{name}: the file and the store disagree")
         return (f"{name}'s file {path} read from this host and verified (its writer was "
