@@ -24,8 +24,9 @@ runs ``kvctl store master --shared-tier DIR`` and a node; host B runs the client
 Needs root (namespaces). Prints a markdown table; ``--out`` writes JSON.
 
 - **index** (``--index N``, no root): the master's bytes per object for N objects held
-  only in the shared tier, against N held in DRAM, each restored from a journal into a
-  fresh process (RSS after restore minus RSS before; what a master restart costs).
+  only in the shared tier (each in its own file, and packed 64 to a file), against N held
+  in DRAM, each restored from a journal into a fresh process (RSS after restore minus RSS
+  before; what a master restart costs).
 
     sudo .venv/bin/python benchmarks/shared_tier.py --rounds 3
     sudo .venv/bin/python benchmarks/shared_tier.py --rounds 3 --objects 8 --no-puts

@@ -466,3 +466,64 @@ def test_a_pack_whose_every_record_changed_while_written_is_deleted(
             assert (st.files, st.used_bytes) == (0, 0)
     finally:
         c.close()
+
+
+def test_a_cut_pack_misses_from_the_cut_on(tmp_path: Path) -> None:
+    at, entries = 0, []
+    for i in range(4):
+        data = os.urandom(6000)
+        entries.append((f"t{i}", 2, checksum(data), at, memoryview(data)))
+        at += entry_span(f"t{i}", 6000)
+    path = tmp_path / pack_name(5)
+    write_pack(path, entries, "00" * 8)
+    with path.open("r+b") as fh:
+        fh.truncate(entries[2][3] + 100)  # torn inside the third record
+    for i, (key, version, csum, where, data) in enumerate(entries):
+        if i < 2:
+            assert read_entry(path, where, key, version, csum, 6000) == bytes(data)
+        else:
+            with pytest.raises(SharedMissError, match="truncated"):
+                read_entry(path, where, key, version, csum, 6000)
+    assert read_pack_offsets(path) is None  # its trailer went with the cut
+
+
+def test_an_object_overwritten_while_its_pack_is_written_is_no_entry_of_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvctl.store.sharedtier import writer
+
+    real = writer.write_pack
+
+    def slow(*args: object, **kwargs: object) -> None:
+        time.sleep(0.4)  # a distributed file system taking its time
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer, "write_pack", slow)
+    c = _cluster(tmp_path / "dfs")
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            keys = [f"v{i}" for i in range(6)]
+            client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+            core = c.server.core
+            def sent() -> bool:  # the node has the pack's task: a new put packs elsewhere
+                with core._lock:
+                    tasks = [t for n in core._nodes.values() for t in n.inflight.values()]
+                    return any(t.op == "pack" for t in tasks)
+
+            wait_for(sent, what="a pack in flight")
+            new = os.urandom(5 * KiB)
+            client.put("v2", new)  # while the pack holding v2's old version is written
+            _copied(client, keys)
+            [old] = [pk for pk in core._shared.packs.values()
+                     if "v0" in pk.keys]
+            assert old.live == 5
+            assert "v2" not in old.keys
+            assert client.get("v2") == new
+            for key in keys:
+                client.remove(key)
+            wait_for(lambda: (core.tick(), not packs(c.root))[1], what="every pack deleted")
+            st = client.status().shared
+            assert st is not None
+            assert (st.files, st.used_bytes) == (0, 0)
+    finally:
+        c.close()
