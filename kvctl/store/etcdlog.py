@@ -140,6 +140,11 @@ def per_key_records(pairs: Iterable[tuple[str, bytes]], kind: type[NodeRecord | 
         yield entry
 
 
+def too_large(cause: str) -> bool:
+    """Whether etcd refused a request for its size (``--max-request-bytes``)."""
+    return "request is too large" in cause
+
+
 def _unavailable(description: str, what: str, exc: MetadataError) -> StoreUnavailableError:
     return StoreUnavailableError(
         f"master state {description}: loading {what} failed: {exc.cause}",

@@ -49,6 +49,7 @@ from kvctl.store.etcdlog import (
     log_key,
     pack,
     per_key_records,
+    too_large,
 )
 from kvctl.store.statebase import (
     JournalEntry,
@@ -68,6 +69,8 @@ _log = logging.getLogger("kvctl.store.state")
 FAIL_FAST_S = 1.0
 #: Seconds before a snapshot that failed is tried again.
 SNAPSHOT_RETRY_S = 30.0
+#: Fewest bytes of records in a batch or snapshot chunk that etcd refused as too large.
+MIN_TXN_BYTES = 16 << 10
 #: One change: full key, value (``None``: delete).
 Change = tuple[str, bytes | None]
 
@@ -356,6 +359,22 @@ class MetadataState(StateBackend):
                     error = self._fenced_now()
             except MetadataError as exc:
                 error = exc.cause
+                smaller = max(MIN_TXN_BYTES, min(self._max_bytes, sum(
+                    len(k) + len(v or b"") for k, _, v in batch)) // 2)
+                if too_large(error) and len(batch) > 1 and smaller < self._max_bytes:
+                    # etcd takes smaller requests than --max-request-bytes's default (or
+                    # the batch did not compress): smaller batches from now on, at once,
+                    # rather than the same batch refused for good (no writes ever again).
+                    with self._cv:
+                        self._max_bytes = smaller
+                        _log.warning("master state %s: etcd refused a batch of %d "
+                                     "change(s) as too large; batches of at most %d "
+                                     "bytes from now on", self.description, len(batch),
+                                     self._max_bytes)
+                        self._busy.difference_update(key for key, _, _ in batch)
+                        self._inflight_first.remove(first)
+                        self._cv.notify_all()
+                    continue
             with self._cv:
                 self._busy.difference_update(key for key, _, _ in batch)
                 self._inflight_first.remove(first)
@@ -463,6 +482,15 @@ class MetadataState(StateBackend):
             snapshot, self._snapshot = self._snapshot, None
             if error is not None:
                 self._retry_at = time.monotonic() + SNAPSHOT_RETRY_S
+                if too_large(error) and self._chunk_bytes > MIN_TXN_BYTES:
+                    # etcd takes smaller requests than a chunk: smaller chunks, tried
+                    # again at the next tick (the same ones would be refused for good).
+                    self._chunk_bytes = max(MIN_TXN_BYTES, self._chunk_bytes // 2)
+                    self._retry_at = 0.0
+                    _log.warning("master state %s: etcd refused a snapshot chunk as too "
+                                 "large; chunks of %d bytes from now on", self.description,
+                                 self._chunk_bytes)
+                    return
                 if error != "abandoned" and not self._stop:  # (closing, or fenced)
                     _log.warning("master state %s: snapshot failed (%s); trying again in "
                                  "%.0f s", self.description, error, SNAPSHOT_RETRY_S)
