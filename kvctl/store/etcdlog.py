@@ -45,6 +45,7 @@ from kvctl.store.statebase import (
     NodeRecord,
     ObjectRecord,
     Snapshot,
+    StateMovedError,
 )
 from kvctl.transfer.metadata import MetadataError
 from kvctl.transfer.metadata.etcd import EtcdMetadata, prefix_range_end
@@ -146,6 +147,12 @@ def too_large(cause: str) -> bool:
 
 
 def _unavailable(description: str, what: str, exc: MetadataError) -> StoreUnavailableError:
+    if "required revision has been compacted" in exc.cause:
+        return StateMovedError(
+            f"master state {description}: etcd compacted the revision it was being "
+            f"loaded at (reading {what})",
+            "load it again; if this keeps happening, compact etcd less often "
+            "(--auto-compaction-retention) than a master takes to load")
     return StoreUnavailableError(
         f"master state {description}: loading {what} failed: {exc.cause}",
         exc.hint or "check that the metadata service is running")

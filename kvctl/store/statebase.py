@@ -16,6 +16,16 @@ from collections.abc import Iterator, Sequence
 
 import msgspec
 
+from kvctl.store.errors import StoreUnavailableError
+
+#: Loads of a state that changed under them (:class:`StateMovedError`) before giving up.
+LOAD_ATTEMPTS = 3
+
+
+class StateMovedError(StoreUnavailableError):
+    """The state moved under a load in a way a load from the start reads whole (etcd
+    compacted the revision everything was being read at): the caller loads again."""
+
 
 class ReplicaRecord(msgspec.Struct, array_like=True, frozen=True):
     node_id: str
@@ -105,6 +115,15 @@ class StateBackend(abc.ABC):
     def load(self) -> LoadedState:
         """Everything saved so far, materialised (tests and tools; a restore streams
         :meth:`replay` instead)."""
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            try:
+                return self._load()
+            except StateMovedError:
+                if attempt == LOAD_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _load(self) -> LoadedState:
         objects: dict[str, ObjectRecord] = {}
         nodes: dict[str, NodeRecord] = {}
         for entry in self.replay():

@@ -13,17 +13,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from kvctl.store.state import MetadataState, ObjectRecord, ReplicaRecord
+from kvctl.store.errors import StoreUnavailableError
+from kvctl.store.master import MasterConfig, MasterCore
+from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
+from kvctl.store.statebase import JournalEntry
 from kvctl.store.writebehind import read_state
+from kvctl.transfer.metadata import open_metadata
+from kvctl.transfer.metadata.etcd import EtcdMetadata
 from tests.fixtures.servers import ServerProcess, make_etcd
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
+NODE = NodeRecord("a", "E", "seg", "127.0.0.1:1", "h", 1 << 30, 0, "")
 
 #: A process changing keys (puts, overwrites, removes) and snapshotting between them, a
 #: slice at a time from its own live view, as a master does; each acknowledged change is
@@ -173,3 +180,60 @@ def test_etcd_taking_smaller_requests_shrinks_batches_and_chunks_instead_of_wedg
         assert sorted(o.key for o in loaded) == sorted(r.key for r in records)
     finally:
         etcd.stop()
+
+
+def _compact(url: str) -> None:
+    """A write, then etcd compacted to the newest revision (what the load reads at is
+    gone)."""
+    with open_metadata(url) as meta:
+        assert isinstance(meta, EtcdMetadata)
+        meta.put("hostile/compact", b"x")
+        revision = meta.list_page("hostile/compact", limit=1).revision
+        meta._call("kv/compaction", {"revision": str(revision), "physical": True})
+
+
+def test_etcd_compacted_during_a_masters_load_is_loaded_again_whole(etcd_url: str) -> None:
+    """etcd compacts the revision a master is loading its snapshot at (between pages):
+    the load used to fail with etcd's bare message and a hint to check etcd's version;
+    now it is loaded again from the start, whole. A state compacted under every load
+    says what happened and what to do."""
+    cluster = f"compact-{secrets.token_hex(4)}"
+    state = MetadataState(etcd_url, cluster_id=cluster, snapshot_chunk_bytes=300)
+    list(state.replay())
+    records = [ObjectRecord(f"k{i:04d}", 100, i, i + 1, [ReplicaRecord("a", i * 128, 100)],
+                            []) for i in range(1000)]
+    state.put_node(NODE)
+    for rec in records:
+        state.put_object(rec)
+    assert state.ack(timeout_s=20) is None
+    snap = state.start_snapshot([NODE])
+    assert snap is not None
+    snap.add(records)
+    assert snap.finish()
+    state.close()
+
+    class Compacted(MetadataState):
+        """Real etcd compacted after the first record of the first ``times`` loads."""
+
+        times = 1
+
+        def replay(self) -> Iterator[JournalEntry]:
+            entries = super().replay()
+            yield next(entries)
+            if self.times > 0:
+                self.times -= 1
+                _compact(etcd_url)
+            yield from entries
+
+    core = MasterCore(MasterConfig(node_timeout_s=1e6),
+                      state=Compacted(etcd_url, cluster_id=cluster))
+    try:
+        assert core.exists([r.key for r in records]) == [True] * len(records)
+    finally:
+        core.close()
+    always = Compacted(etcd_url, cluster_id=cluster)
+    always.times = 10
+    with pytest.raises(StoreUnavailableError, match="compacted the revision") as caught:
+        always.load()
+    assert "auto-compaction" in (caught.value.hint or "")
+    always.close()

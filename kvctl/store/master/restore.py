@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING
 
 from kvctl.store.allocator import ExtentAllocator
 from kvctl.store.master.records import RESTORED, Node, Obj, Replica
-from kvctl.store.statebase import DeleteObject, NodeRecord, ObjectRecord
+from kvctl.store.statebase import (
+    LOAD_ATTEMPTS,
+    DeleteObject,
+    NodeRecord,
+    ObjectRecord,
+    StateMovedError,
+)
 
 if TYPE_CHECKING:
     from kvctl.store.master.base import MasterBase
@@ -39,7 +45,14 @@ def restore(core: MasterBase) -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _restore(core)
+        for attempt in range(1, LOAD_ATTEMPTS + 1):
+            try:
+                return _restore(core)
+            except StateMovedError as exc:  # (the tables are filled only at the end)
+                if attempt == LOAD_ATTEMPTS:
+                    raise
+                _log.warning("master state: %s; loading again", exc.cause)
+        raise AssertionError("unreachable")  # pragma: no cover
     finally:
         if collecting:
             gc.enable()
