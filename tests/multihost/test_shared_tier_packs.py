@@ -1,11 +1,12 @@
 """Shared-tier packs across namespaced hosts: many small write-through puts on host 1 end
 in a few pack files on the shared directory; host 3 reads every object exact from them
 after host 1's node is SIGKILLed, and again after the master is SIGKILLed and restarted
-on its journal."""
+on its journal. The packs of a master killed with no state are purged by the next."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from tests.fixtures.hosts import MakeHosts, stop
@@ -73,4 +74,31 @@ def test_small_puts_pack_and_every_object_reads_back_from_another_host(
         mproc.wait(timeout=10)
         mproc = _master(h1, tier, *args, env=env)
     assert sorted(p.name for p in tier.glob("pk/*.kvp")) == packs
+    stop(mproc)
+
+
+def test_a_killed_masters_packs_are_purged_by_the_next(nshosts: MakeHosts,
+                                                        dfs: Path) -> None:  # noqa: F811
+    net = nshosts(3, shared=dfs)
+    h1, h2, h3 = net[0], net[1], net[2]
+    master = f"{h1.address}:{PORT}"
+    tier = dfs / "tier"
+    env = {"KVCTL_STORE_SHARED_TIER_POLICY": "write-through",
+           "KVCTL_STORE_SHARED_TIER_PACK_BELOW": "256KiB",
+           "KVCTL_STORE_SHARED_TIER_ORPHAN_GRACE": "1s",
+           "KVCTL_STORE_SHARED_TIER_SWEEP_INTERVAL": "0.5s"}
+    mproc = _master(h1, tier, env=env)  # no state: its index dies with it
+    node = _node(h2, master, "64MiB")
+    _wait_nodes(h3, master, 1)
+    done = h3.run(["python", "-c", CLIENT, master, "put", "20", str(8 << 10)], timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert list(tier.glob("pk/*.kvp"))
+    mproc.kill()
+    mproc.wait(timeout=10)
+    stop(node)
+    mproc = _master(h1, tier, env=env)
+    deadline = time.monotonic() + 20
+    while list(tier.glob("pk/*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not list(tier.glob("pk/*")), "orphan packs left"
     stop(mproc)
