@@ -10,6 +10,8 @@ Where each part lives:
   name the file, what happens when the writer dies).
 - :mod:`.housekeeping`: the master's file-system work, off its lock: deletes and the
   bounded purge sweep of orphan files.
+- :mod:`.packs`: small copies written several to a pack file (``--shared-tier-pack-below``),
+  the master's table of packs.
 - :mod:`.writer`: the node's ``shared`` task; :mod:`.reader`: the client's read.
 - :mod:`.reports`: files clients report bad, checked by the master before they leave the
   index.

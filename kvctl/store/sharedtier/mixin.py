@@ -9,7 +9,9 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
   ``max_queued_writes`` such copies wait per node (more are skipped and counted).
 - The index records a copy as ``Obj.shared`` only once its writer reported the file
   renamed into place; the file's name follows from the key and version
-  (:func:`~kvctl.store.sharedtier.fileformat.file_name`), so a record costs no string.
+  (:func:`~kvctl.store.sharedtier.fileformat.file_name`), so a record costs no string;
+  a copy in a pack file (small objects, :mod:`~kvctl.store.sharedtier.packs`) is named by
+  ``Obj.pack`` (pack id and offset).
   ``Obj.shared`` is the copy's *use stamp* (0: no copy): a counter taken when the copy
   lands and, coarsely, when it is used (below), kept in the object's record; copies
   stamped in a row share one value (about 1,024 in the tier,
