@@ -125,10 +125,12 @@ def delete_entry(kind_key: str) -> bytes:
     return msgspec.msgpack.encode(DeleteObject(name))
 
 
-def per_key_records(pairs: Iterable[tuple[str, bytes]], kind: type[NodeRecord | ObjectRecord]
+def per_key_records(pairs: Iterable[tuple[str, bytes]], kind: type[NodeRecord | ObjectRecord],
+                    unreadable: Callable[[str], Exception] | None = None
                     ) -> Iterator[JournalEntry]:
     """The records of a one-key-per-record listing (``kind`` each); an unreadable one is
-    skipped with a warning (it is one record, not part of a batch)."""
+    skipped with a warning (it is one record, not part of a batch), or with
+    ``unreadable`` raises what that makes of its key."""
     decoder = msgspec.msgpack.Decoder(JournalEntry)
     for key, value in pairs:
         try:
@@ -136,6 +138,8 @@ def per_key_records(pairs: Iterable[tuple[str, bytes]], kind: type[NodeRecord | 
         except (msgspec.DecodeError, msgspec.ValidationError):
             entry = None
         if not isinstance(entry, kind):
+            if unreadable is not None:
+                raise unreadable(key)
             _log.warning("master state: skipping unreadable record %s", key)
             continue
         yield entry
@@ -280,7 +284,9 @@ class LogReader:
     def _old_layout(self) -> Iterator[JournalEntry]:
         for sub, kind in OLD_LAYOUT:
             pairs = self._read(self._prefix + sub, self._page_size, grow=True)
-            for entry in per_key_records(pairs, kind):
+            # Strict: the first snapshot makes what is loaded here the whole state and
+            # deletes these keys, so a record skipped now would be lost for good.
+            for entry in per_key_records(pairs, kind, self._unreadable):
                 self.old_keys += 1
                 yield entry
 

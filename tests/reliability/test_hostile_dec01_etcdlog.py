@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kvctl.store.errors import StoreUnavailableError
@@ -237,3 +238,22 @@ def test_etcd_compacted_during_a_masters_load_is_loaded_again_whole(etcd_url: st
         always.load()
     assert "auto-compaction" in (caught.value.hint or "")
     always.close()
+
+
+def test_an_unreadable_record_of_the_old_layout_stops_the_load(etcd_url: str) -> None:
+    """A store in the one-key-per-record layout with one record that does not decode:
+    it used to be skipped with a warning, then the first snapshot made the state without
+    it and the old keys were deleted, so it was lost for good. Now the load stops with
+    the key named, as for a log batch, and nothing is deleted."""
+    cluster = f"oldbad-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    records = [ObjectRecord(f"k{i}", 100, i, i + 1, [], []) for i in range(3)]
+    with open_metadata(etcd_url) as meta:
+        assert isinstance(meta, EtcdMetadata)
+        meta.write_batch([(prefix + "objects/" + r.key, msgspec.msgpack.encode(r)
+                           if r.key != "k1" else b"\xc1 garbage") for r in records])
+    with pytest.raises(StoreUnavailableError, match="objects/k1 is unreadable"):
+        MasterCore(MasterConfig(node_timeout_s=1e6),
+                   state=MetadataState(etcd_url, cluster_id=cluster)).close()
+    with open_metadata(etcd_url) as meta:
+        assert sorted(meta.list(prefix)) == [prefix + "objects/" + r.key for r in records]
