@@ -256,6 +256,7 @@ class LogReader:
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     raise self._unreadable(key) from None
         if self.manifest is not None:
+            self._refuse_old_layout_written_since(manifest_key)
             yield from self._snapshot(self.manifest)
             first = self.manifest.gen + 1
             for sub, _ in OLD_LAYOUT:
@@ -265,6 +266,25 @@ class LogReader:
             yield from self._old_layout()
             first = 0
         yield from self._log(first)
+
+    def _refuse_old_layout_written_since(self, manifest_key: str) -> None:
+        """Old-layout keys newer than the manifest were written by an earlier kvctl after
+        this store moved to the log (a downgrade): loading the log would drop them and
+        the cleanup would delete them, so the load stops instead."""
+        try:
+            entry = self._loader.get_entry(manifest_key)
+            newer = [key for sub, _ in OLD_LAYOUT if entry is not None and (
+                key := self._loader.modified_after(self._prefix + sub, entry[1],
+                                                   revision=self.revision))]
+        except MetadataError as exc:
+            raise _unavailable(self._description, manifest_key, exc) from exc
+        if newer:
+            raise StoreUnavailableError(
+                f"master state {self._description}: {newer[0]} (one key per record) was "
+                "written after its snapshot, by a kvctl older than the log layout (a "
+                "downgrade): loading would lose it and what else that kvctl wrote",
+                "run the kvctl that wrote them, or copy what they hold aside and delete "
+                "them (etcdctl del --prefix); downgrading a store is not supported")
 
     def _snapshot(self, manifest: Manifest) -> Iterator[JournalEntry]:
         unpack = _Unpacker()

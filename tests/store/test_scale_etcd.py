@@ -283,6 +283,9 @@ def test_a_store_in_the_old_layout_loads_and_moves_to_the_log(etcd_url: str) -> 
     with open_metadata(etcd_url) as meta:  # as if the deletion had been cut short
         assert isinstance(meta, EtcdMetadata)
         meta.write_batch([(prefix + "objects/k000007", encode(records[7]))])
+        manifest = meta.get(prefix + "manifest")
+        assert manifest is not None  # (a key left over is older than the manifest)
+        meta.write_batch([(prefix + "manifest", manifest)])
     core = MasterCore(MasterConfig(node_timeout_s=1e6),
                       state=MetadataState(etcd_url, cluster_id=cluster))
     try:

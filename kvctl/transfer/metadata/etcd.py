@@ -141,6 +141,21 @@ class EtcdMetadata(MetadataClient):
         return EtcdPage(entries, bool(answer.get("more")), read_at,
                         int(answer.get("count", len(entries)) or 0))
 
+    def modified_after(self, prefix: str, mod_revision: int, *, revision: int = 0
+                       ) -> str | None:
+        """A key under ``prefix`` last modified after ``mod_revision`` (read at
+        ``revision``; 0: the newest), or ``None``. (etcd filters by mod revision after
+        counting, so ``count`` would not say; it reads the whole range to filter it.)"""
+        request: dict[str, Any] = {"key": _b64(prefix.encode() or b"\0"),
+                                   "range_end": _b64(prefix_range_end(prefix.encode())),
+                                   "keys_only": True, "limit": "1",
+                                   "min_mod_revision": str(mod_revision + 1)}
+        if revision:
+            request["revision"] = str(revision)
+        for kv in self._call("kv/range", request).get("kvs") or []:
+            return self._unb64(kv.get("key", "")).decode("utf-8", errors="replace")
+        return None
+
     def write_batch(self, changes: Sequence[tuple[str, bytes | None]], *,
                     guard: tuple[str, int] | None = None,
                     delete_ranges: Sequence[tuple[str, str]] = ()) -> bool:
