@@ -670,7 +670,9 @@ def _print_shared(out: Output, sh: p.SharedTierStatus) -> None:
                    f"{format_size(sh.used_bytes)} of {format_size(sh.capacity_bytes)} in "
                    f"{sh.files} of {sh.max_files} files, {sh.writes} written "
                    f"({sh.write_errors} failed), {sh.evictions} evicted, {sh.purged} purged, "
-                   f"purge backlog {sh.purge_backlog}{fs}",
+                   f"purge backlog {sh.purge_backlog}{fs}"
+                   + (f"; {sh.packed_objects} objects in {sh.packs} packs (below "
+                      f"{format_size(sh.pack_below)})" if sh.pack_below else ""),
                    style="bold red" if sh.state == "full" else ""))
     failed = {k: v for k, v in sh.errors.items() if v}
     if failed:

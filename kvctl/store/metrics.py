@@ -186,7 +186,8 @@ SHARED_TIER_NUMBERS: dict[str, tuple[str, str, str]] = {
     "capacity_bytes": ("capacity_bytes", "gauge", "The shared tier's quota in bytes "
                        "(--shared-tier-capacity); least recently used copies are evicted "
                        "past it."),
-    "files": ("files", "gauge", "Files in the shared tier (one per object copy)."),
+    "files": ("files", "gauge", "Files in the shared tier (one per object copy, or per pack "
+              "of copies)."),
     "max_files": ("max_files", "gauge", "The shared tier's quota in files "
                   "(--shared-tier-files)."),
     "purge_backlog": ("purge_backlog", "gauge", "Shared-tier files waiting to be deleted "
@@ -206,6 +207,11 @@ SHARED_TIER_NUMBERS: dict[str, tuple[str, str, str]] = {
                       "shared tier (statvfs, every 5 s)."),
     "fs_total_bytes": ("fs_size_bytes", "gauge", "Size of the file system under the shared "
                        "tier (statvfs, every 5 s)."),
+    "pack_below": ("pack_below_bytes", "gauge", "Objects smaller than this are written "
+                   "several to a pack file (--shared-tier-pack-below; 0: off)."),
+    "packs": ("packs", "gauge", "Pack files in the shared tier (counted in files)."),
+    "packed_objects": ("packed_objects", "gauge", "Object copies held as records of pack "
+                       "files."),
 }
 SHARED_TIER_TEXT = ("root", "policy", "last_error")
 #: statvfs figures: -1 (not exported) until the housekeeping's first statvfs.

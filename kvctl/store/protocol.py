@@ -219,6 +219,11 @@ class SharedTierStatus(Struct, frozen=True):
     reports: int = 0
     reports_dropped: int = 0
     bad_files: int = 0
+    #: objects smaller than this are packed several to a file (0: off); how many of the
+    #: ``files`` are packs, and the copies they hold
+    pack_below: int = 0
+    packs: int = 0
+    packed_objects: int = 0
 
 
 

@@ -116,6 +116,8 @@ def test_small_puts_land_in_few_packs_and_outlive_their_node(tmp_path: Path) -> 
             st = client.status().shared
             assert st is not None
             assert st.files == len(packs(c.root)) + 1
+            assert (st.packs, st.packed_objects, st.pack_below) == (
+                len(packs(c.root)), 48, 256 * KiB)
             assert st.used_bytes == sum(p.stat().st_size for p in packs(c.root)) + (
                 singles(c.root)[0].stat().st_size)
         node.close()  # its DRAM goes: every read is from the tier now
@@ -246,6 +248,7 @@ def test_master_restart_keeps_packs_readable_and_their_table(
             after = client.status().shared
             assert after is not None
             assert after.files == before.files
+            assert (after.packs, after.packed_objects) == (before.packs, 9)
             del values["r0"]
             assert client.batch_get(list(values)) == list(values.values())
             for key in values:  # the last entries go: so does the file, after a restart
@@ -524,6 +527,6 @@ def test_an_object_overwritten_while_its_pack_is_written_is_no_entry_of_it(
             wait_for(lambda: (core.tick(), not packs(c.root))[1], what="every pack deleted")
             st = client.status().shared
             assert st is not None
-            assert (st.files, st.used_bytes) == (0, 0)
+            assert (st.files, st.used_bytes, st.packs, st.packed_objects) == (0, 0, 0, 0)
     finally:
         c.close()

@@ -127,6 +127,9 @@ class SharedState:
         self.packs: dict[int, Pack] = {}
         #: node -> the pack being gathered for its next heartbeat
         self.open_packs: dict[Node, Pack] = {}
+        #: landed packs (counted in ``files``) and the copies they hold
+        self.pack_files = 0
+        self.packed = 0
         #: the id the next pack gets (past any the state names, and this run's start
         #: time, so that a pack of a master killed before its record is seldom reused)
         self.next_pack = int(time.time())

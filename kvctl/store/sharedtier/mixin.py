@@ -378,7 +378,8 @@ class SharedTierMixin(SharedPacks):
             state="full" if st.paused(self._clock()) else "ok", last_error=st.last_error,
             fs_free_bytes=st.fs_free_bytes, fs_total_bytes=st.fs_total_bytes,
             reports=st.reports.reports, reports_dropped=st.reports.dropped,
-            bad_files=st.reports.bad)
+            bad_files=st.reports.bad, pack_below=cfg.pack_below,
+            packs=st.pack_files, packed_objects=st.packed)
 
     def _shared_housekeeping(self) -> None:
         """Deletes that are due and a slice of the purge sweep (takes the lock briefly; the

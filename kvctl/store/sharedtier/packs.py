@@ -175,6 +175,7 @@ class SharedPacks(MasterBase):
                 obj.pack = pack_ref(pack.pack_id, e.at)
                 pack.keys.append(obj.key)
                 pack.live += 1
+                st.packed += 1
                 st.track(obj, 0, files=0)
                 landed = obj
             elif not ok and not report.ok:
@@ -199,6 +200,7 @@ class SharedPacks(MasterBase):
         pack.landed = True
         st.used_bytes += pack.nbytes
         st.files += 1
+        st.pack_files += 1
         if not pack.live:  # every object of it went meanwhile
             self._shared_pack_dead(pack, now)
         elif landed is not None:
@@ -211,6 +213,7 @@ class SharedPacks(MasterBase):
         pack: Pack | None = st.packs.get(obj.pack >> AT_BITS)
         obj.pack = 0
         st.untrack(obj, 0, files=0)
+        st.packed -= 1
         if pack is None:
             return
         pack.live -= 1
@@ -227,6 +230,7 @@ class SharedPacks(MasterBase):
         del st.packs[pack.pack_id]
         st.used_bytes -= pack.nbytes
         st.files -= 1
+        st.pack_files -= 1
         st.unlink_later(pack.path, max(now, pack.due), tuple(pack.keys))
 
     def _shared_pack_members(self, obj: Obj) -> list[Obj]:
@@ -282,4 +286,6 @@ class SharedPacks(MasterBase):
             pack.nbytes = pack_bytes(pack.end, pack.live)
             st.used_bytes += pack.nbytes
             st.files += 1
+            st.pack_files += 1
+            st.packed += pack.live
         st.next_pack = max(st.next_pack, max(packs, default=0) + 1, int(time.time()))
