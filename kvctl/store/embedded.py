@@ -28,8 +28,11 @@ from kvctl.store.tenants import check_admin_token, parse_tenants
 from kvctl.transfer.shmfiles import pid_alive
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from kvctl.metrics import ServerMetrics
     from kvctl.store.master.election import Election
+    from kvctl.store.statebase import StateBackend
 
 _log = logging.getLogger("kvctl.store")
 
@@ -119,10 +122,11 @@ def master_config(settings: StoreSettings) -> MasterConfig:
                         default_replicas=settings.replicas)
 
 
-def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str = ""
-                 ) -> MasterServer:
+def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str = "",
+                 fence: Callable[[StateBackend], None] | None = None) -> MasterServer:
     """A master listening on ``settings.listen`` with the configured state backend and
-    tenants.
+    tenants; ``fence`` is applied to the state before it is loaded (an elected master's
+    writes fenced by its term from the first one, whatever thread makes it).
 
     Raises:
         ConfigError: bad tenants (or tenants without a shared token).
@@ -136,6 +140,8 @@ def start_master(settings: StoreSettings, *, token: str | None, cluster_id: str 
     shared = SharedTierConfig.from_settings(settings)  # checked before any state is opened
     state = open_state(settings.state, cluster_id=cluster_id, token=token)
     try:
+        if fence is not None:
+            fence(state)
         core = MasterCore(config, state, shared_tier=shared)
     except BaseException:
         state.close()

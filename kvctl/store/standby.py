@@ -25,6 +25,7 @@ from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master.election import Election
 from kvctl.store.server import MasterServer
 from kvctl.store.settings import DEFAULT_PORT, StoreSettings
+from kvctl.store.statebase import StateBackend
 from kvctl.store.writebehind import MetadataState
 
 
@@ -110,16 +111,18 @@ def _start_leading(settings: StoreSettings, host: str, port: int, election: Elec
     """The master of a leader that has just claimed the key: it loads the state (every
     write the previous leader got into etcd is in it), its writes fenced by the term and
     its requests refused once it is deposed."""
-    server = start_master(dataclasses.replace(settings, listen=join_host_port(host, port)),
-                          token=token, cluster_id=cluster_id)
-    try:
-        # Fenced from its first request on: the claim is a moment old, so no other master
-        # can have been elected before this.
-        state = server.core.state
+    def fence(state: StateBackend) -> None:
+        # Fenced before it is loaded, so from its first write on (the tick and the first
+        # connections start with the server, before this function returns): a leader
+        # whose lease ran out while it loaded never writes over its successor's state.
         if not isinstance(state, MetadataState):  # pragma: no cover - etcd:// only
             raise UsageError(f"{settings.state}: not a metadata state",
                              "use an etcd:// URL")
         state.fence_writes(election.fence, election.depose)
+
+    server = start_master(dataclasses.replace(settings, listen=join_host_port(host, port)),
+                          token=token, cluster_id=cluster_id, fence=fence)
+    try:
         server.lead_while(election.check)
     except BaseException:
         server.close()
