@@ -325,7 +325,8 @@ def test_an_elected_master_is_fenced_before_it_loads(etcd_url: str) -> None:
         while not why and time.monotonic() < deadline:
             server.core.tick()  # the old layout: a snapshot at once
             time.sleep(0.05)
-        assert why and "another master leads now" in why[0]
+        assert why
+        assert "another master leads now" in why[0]
     finally:
         server.close()
     with open_metadata(etcd_url) as meta:
