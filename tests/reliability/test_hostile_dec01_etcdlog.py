@@ -11,6 +11,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -331,3 +332,74 @@ def test_an_elected_master_is_fenced_before_it_loads(etcd_url: str) -> None:
         server.close()
     with open_metadata(etcd_url) as meta:
         assert sorted(meta.list(prefix)) == [term_key, prefix + "objects/k"]
+
+
+class _Held(MetadataState):
+    """Real etcd state whose batches holding one of the keys in ``held`` wait at ``gate``
+    before they are written (slow requests: the log number is taken, the write lands
+    later); ``holding`` counts them."""
+
+    held: set[str] = set()
+    gate = threading.Event()
+    holding: list[str] = []
+
+    def _write(self, changes: list[tuple[str, bytes | None]], seq: int) -> bool:
+        names = {k.rsplit("/", 1)[-1] for k, _ in changes} & self.held
+        if names:
+            self.held = self.held - names
+            self.holding.extend(names)
+            assert self.gate.wait(20)
+        return super()._write(changes, seq)
+
+
+def test_a_batch_numbered_before_a_snapshot_and_written_after_its_manifest(
+        etcd_url: str) -> None:
+    """Two batches take their log numbers, then the master starts a snapshot (a later
+    number), and the batches land only after it has switched the manifest: below its
+    number they are not replayed, and their changes are in the snapshot (it read the live
+    view after they were made), or after it in the log: one of the two keys is removed
+    once the snapshot has begun, while its put is held. Both load as acknowledged."""
+    cluster = f"late-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    state = _Held(etcd_url, cluster_id=cluster, inflight=2)
+    state.gate, state.holding = threading.Event(), []
+    list(state.replay())
+    live = {f"k{i}": ObjectRecord(f"k{i}", 1, i, i, [], []) for i in range(20)}
+    for rec in live.values():
+        state.put_object(rec)
+    assert state.ack(timeout_s=20) is None
+    acks: list[str | None] = []
+
+    def put(rec: ObjectRecord) -> None:
+        state.put_object(rec)
+        acks.append(state.ack(timeout_s=20))
+
+    state.held = {"kept", "gone"}
+    for key in ("kept", "gone"):  # one batch each, both writers held
+        live[key] = ObjectRecord(key, 1, 1, 7, [], [])
+        threading.Thread(target=put, args=(live[key],)).start()
+        deadline = time.monotonic() + 10
+        while key not in state.holding and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert key in state.holding
+    snap = state.start_snapshot([])
+    assert snap is not None
+    del live["gone"]
+    state.delete_object("gone")  # after the snapshot began; its put still held
+    remove_ack = threading.Thread(target=lambda: acks.append(state.ack(timeout_s=20)))
+    remove_ack.start()
+    snap.add(sorted(live.values(), key=lambda r: r.key))
+    assert snap.finish()
+    with open_metadata(etcd_url) as meta:
+        assert list(meta.list(prefix + "log/")) == []  # the manifest deleted the log
+    state.gate.set()
+    remove_ack.join(timeout=20)
+    deadline = time.monotonic() + 20
+    while len(acks) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert acks == [None, None, None]
+    state.close()
+    with open_metadata(etcd_url) as meta:
+        assert len(meta.list(prefix + "log/")) == 3  # two below the snapshot, one above
+    loaded = {o.key: o for o in read_state(etcd_url, cluster_id=cluster).objects}
+    assert loaded == live
