@@ -90,8 +90,19 @@ def write_object(path: Path, key: str, version: int, data: memoryview, csum: int
     try:
         write_private_atomically(path, [head, data], fsync=fsync)
     except FileNotFoundError:  # the first file of its subdirectory
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_subdir(path)
         write_private_atomically(path, [head, data], fsync=fsync)
+
+
+def _make_subdir(path: Path) -> None:
+    """Create ``path``'s directory (``xx/`` or ``pk/``) in the tier root, never the root
+    itself: a root gone (a distributed file system unmounted, its directory removed) is an
+    error (``ENOENT``), not a local directory that silently takes the copies.
+
+    Raises:
+        OSError: the root is missing (``ENOENT``) or the file system failed.
+    """
+    path.parent.mkdir(mode=0o700, exist_ok=True)
 
 
 def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
@@ -322,7 +333,7 @@ def write_pack(path: Path, entries: list[tuple[str, int, int, int, memoryview]],
     try:
         write_private_atomically(path, parts, fsync=fsync)
     except FileNotFoundError:  # the first pack
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _make_subdir(path)
         write_private_atomically(path, parts, fsync=fsync)
 
 

@@ -1,0 +1,58 @@
+"""Hostile tests of shared-tier packing (2026-12-01): what broke, fixed, kept fixed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvctl.store.checksum import checksum
+from kvctl.store.client import StoreClient
+from kvctl.store.sharedtier.fileformat import write_object, write_pack
+from tests.store.conftest import wait_for
+from tests.store.test_shared_tier_packs import _cluster
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+def test_a_write_never_creates_the_tier_root(tmp_path: Path) -> None:
+    root = tmp_path / "dfs"  # an unmounted distributed file system: the root is gone
+    data = memoryview(os.urandom(100))
+    with pytest.raises(FileNotFoundError):
+        write_object(root / "ab" / "x.kvs", "k", 1, data, checksum(data), "00" * 8)
+    with pytest.raises(FileNotFoundError):
+        write_pack(root / "pk" / "1.kvp", [("k", 1, checksum(data), 0, data)], "00" * 8)
+    assert not root.exists()
+    root.mkdir()  # the root is there: its xx/ and pk/ subdirectories are made
+    write_object(root / "ab" / "x.kvs", "k", 1, data, checksum(data), "00" * 8)
+    write_pack(root / "pk" / "1.kvp", [("k", 1, checksum(data), 0, data)], "00" * 8)
+    assert sorted(p.name for p in root.iterdir()) == ["ab", "pk"]
+
+
+@pytest.mark.parametrize("size", [8 * KiB, 512 * KiB], ids=["packed", "single"])
+def test_the_tier_root_removed_while_running_is_an_error_not_local_copies(
+        tmp_path: Path, size: int) -> None:
+    c = _cluster(tmp_path / "dfs")
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            shutil.rmtree(c.root)
+            values = [(f"r{i}", os.urandom(size)) for i in range(4)]
+            client.batch_put(values)
+            wait_for(lambda: client.status().shared.write_errors >= 1, what="a write error")
+            assert not c.root.exists()  # no local directory took the copies
+            st = client.status().shared
+            assert st is not None
+            assert st.errors.get("other", 0) >= 1
+            assert "ENOENT" in st.last_error
+            assert (st.files, st.used_bytes, st.packs, st.packed_objects) == (0, 0, 0, 0)
+            assert [client.stat(k).tier for k, _ in values] == ["dram"] * 4
+            assert client.batch_get([k for k, _ in values]) == [v for _, v in values]
+            core = c.server.core
+            wait_for(lambda: not core._shared.writing and not core._shared.packs,
+                     what="no write left in the tables")
+    finally:
+        c.close()
