@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -54,5 +55,38 @@ def test_the_tier_root_removed_while_running_is_an_error_not_local_copies(
             core = c.server.core
             wait_for(lambda: not core._shared.writing and not core._shared.packs,
                      what="no write left in the tables")
+    finally:
+        c.close()
+
+
+def test_the_sweep_leaves_a_pack_whose_delete_waits_for_its_readers(tmp_path: Path) -> None:
+    # A batched get on another host holds a lease on a packed copy; the copies leave the
+    # index (removed, evicted): the pack's delete waits for the lease. The sweep used to
+    # take the pack (no table names it any more) as an orphan and delete it at once,
+    # ahead of the lease and of the state change being durable.
+    c = _cluster(tmp_path / "dfs", orphan_grace_s=0.3, sweep_interval_s=0.05)
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            keys = [f"l{i}" for i in range(6)]
+            client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+            core = c.server.core
+            wait_for(lambda: len(core._shared.packs) >= 1 and all(
+                pk.landed for pk in core._shared.packs.values()), what="packs landed")
+            [pack] = sorted((c.root / "pk").glob("*.kvp"))
+            time.sleep(0.4)  # older than the orphan grace
+            with core._lock:
+                for key in keys:  # a reader's lease on each copy, as a get takes
+                    obj = core._index.get(key)
+                    obj.readers += 1
+                    obj.lease_until = core._clock() + 60.0
+            for key in keys:
+                client.remove(key)
+            assert not core._shared.packs
+            for _ in range(30):  # many sweeps of pk/ pass meanwhile
+                time.sleep(0.02)
+                core._shared_housekeeping()
+            assert pack.exists()
+            assert core._shared.backlog() == 1
     finally:
         c.close()

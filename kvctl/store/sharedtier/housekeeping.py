@@ -401,5 +401,8 @@ def _sweep_slice(core: SharedTierMixin, st: SharedState, wall: float) -> list[st
             orphans.extend(path for path, key, version in named
                            if not core._shared_current(key, version))
             orphans.extend(path for path, pack_id in packs if pack_id not in st.packs)
+            # a file whose delete is queued waits for it (its readers' leases, the state
+            # change that dropped it being durable): it is no orphan to delete now
+            orphans = [path for path in orphans if path not in st._doomed]
             st.deleting.update(orphans)  # no write renames a copy into them until gone
     return orphans
