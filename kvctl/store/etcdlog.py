@@ -288,17 +288,19 @@ class LogReader:
 
     def _snapshot(self, manifest: Manifest) -> Iterator[JournalEntry]:
         unpack = _Unpacker()
-        parts = 0
+        parts = records = 0
         for key, value in self._read(chunks_prefix(self._prefix, manifest.gen), BLOB_PAGE):
             parts += 1
             unpacked = unpack(value)
             if unpacked is None:
                 raise self._unreadable(key)
+            records += len(unpacked[0])
             yield from unpacked[0]
-        if parts != manifest.parts:
+        if parts != manifest.parts or records != manifest.records:
             raise StoreUnavailableError(
                 f"master state {self._description}: snapshot {manifest.gen:024x} has "
-                f"{parts} of its {manifest.parts} chunks",
+                f"{parts} of its {manifest.parts} chunks and {records} of its "
+                f"{manifest.records} records",
                 "restore etcd from a backup; a master cannot start on part of its state")
 
     def _old_layout(self) -> Iterator[JournalEntry]:

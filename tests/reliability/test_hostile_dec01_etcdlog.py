@@ -513,3 +513,29 @@ def test_a_batch_numbered_before_a_snapshot_and_written_after_its_manifest(
         assert len(meta.list(prefix + "log/")) == 3  # two below the snapshot, one above
     loaded = {o.key: o for o in read_state(etcd_url, cluster_id=cluster).objects}
     assert loaded == live
+
+
+def test_a_snapshot_chunk_replaced_by_fewer_records_stops_the_load(etcd_url: str) -> None:
+    """A chunk of the snapshot the manifest names overwritten with a well-formed chunk of
+    other records (none here): the chunk count is right, so the load used to go on with
+    those records missing; the manifest's record count now catches it."""
+    from kvctl.store.etcdlog import pack
+
+    cluster = f"chunk-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    state = MetadataState(etcd_url, cluster_id=cluster, snapshot_chunk_bytes=200)
+    list(state.replay())
+    records = [ObjectRecord(f"k{i:03d}", 1, i, i, [], []) for i in range(40)]
+    snap = state.start_snapshot([])
+    assert snap is not None
+    snap.add(records)
+    assert snap.finish()
+    state.close()
+    assert len(read_state(etcd_url, cluster_id=cluster).objects) == 40
+    with open_metadata(etcd_url) as meta:
+        chunks = sorted(meta.list(prefix + "snapshots/"))
+        assert len(chunks) > 2
+        meta.put(chunks[1], pack([]))
+    with pytest.raises(StoreUnavailableError, match="records") as caught:
+        read_state(etcd_url, cluster_id=cluster)
+    assert "backup" in (caught.value.hint or "")
