@@ -11,6 +11,7 @@ ever followed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import stat
@@ -65,13 +66,16 @@ def create_private(directory: Path, prefix: str) -> tuple[int, Path]:
 
 
 def write_private_atomically(path: Path, parts: list[bytes | memoryview], *,
-                             fsync: bool) -> None:
+                             fsync: bool, replace: bool = True) -> None:
     """Write ``parts`` to ``path`` as a ``0600`` file: a temporary name in the same
     directory (:func:`create_private`), optionally ``fsync``, then ``rename`` over
     ``path``, so a reader sees the whole file or none (where rename is atomic). The
-    temporary file is removed when anything fails.
+    temporary file is removed when anything fails. ``replace=False``: never over a file
+    already at ``path`` (a hard link, then the temporary name removed; where the file
+    system has no hard links, a rename unless ``path`` exists).
 
     Raises:
+        FileExistsError: ``replace=False`` and ``path`` exists.
         OSError: the file system failed (``ENOSPC``, ``EDQUOT``, ``EIO``...).
     """
     fd, tmp = create_private(path.parent, path.name)
@@ -84,10 +88,27 @@ def write_private_atomically(path: Path, parts: list[bytes | memoryview], *,
             os.fsync(fd)
         os.close(fd)
         fd = -1
-        tmp.replace(path)
+        if replace:
+            tmp.replace(path)
+        else:
+            _link_new(tmp, path)
     except BaseException:
         if fd >= 0:
             os.close(fd)
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    """Give ``tmp`` the name ``path`` unless a file has it (then ``FileExistsError``)."""
+    try:
+        os.link(tmp, path, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        if os.path.lexists(path):  # no hard links here: the best a rename can do
+            raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path)) from None
+        tmp.replace(path)
+        return
+    tmp.unlink()

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
 from kvctl.store.client import StoreClient
-from kvctl.store.sharedtier.fileformat import write_object, write_pack
+from kvctl.store.master import MasterConfig, MasterCore
+from kvctl.store.sharedtier.fileformat import pack_name, read_entry, write_object, write_pack
+from kvctl.store.sharedtier.writer import SharedWriter
+from kvctl.store.state import open_state
 from tests.store.conftest import wait_for
 from tests.store.test_shared_tier_packs import _cluster
 
@@ -90,3 +94,44 @@ def test_the_sweep_leaves_a_pack_whose_delete_waits_for_its_readers(tmp_path: Pa
             assert core._shared.backlog() == 1
     finally:
         c.close()
+
+
+def _pack_task(path: Path, key: str, data: bytes, task_id: int = 1) -> p.Task:
+    return p.Task(task_id=task_id, op="pack", key="", version=1, offset=0, size=0,
+                  checksum=0, path=str(path),
+                  entries=[p.PackEntry(key, 3, 0, len(data), checksum(data), 0)])
+
+
+def test_a_late_write_of_a_reused_pack_id_never_replaces_the_pack(tmp_path: Path) -> None:
+    # Pack ids restart at max(ids the state names) + 1: a master killed with packs in
+    # flight gives their ids again, and the node that was writing the old one (a slow
+    # distributed file system) renames it late, over the new pack the index now names.
+    root = tmp_path / "dfs"
+    root.mkdir()
+    path = root / pack_name(77)
+    new, old = os.urandom(5000), os.urandom(5000)
+    new_writer, old_writer = SharedWriter(), SharedWriter()
+    report = new_writer.run(_pack_task(path, "new", new), lambda o, s: memoryview(new),
+                            "11" * 8)
+    assert report.ok
+    late = old_writer.run(_pack_task(path, "old", old), lambda o, s: memoryview(old),
+                          "22" * 8)
+    assert not late.ok
+    assert late.error.startswith("EEXIST")
+    assert read_entry(path, 0, "new", 3, checksum(new), len(new)) == new
+    assert not list(root.rglob("*.tmp"))
+
+
+def test_a_restarted_master_never_gives_a_task_id_of_its_last_run(tmp_path: Path) -> None:
+    # A node's late report (a write pending across the restart) names the old run's task
+    # id; were it one the new master gave a task in flight on that node, its outcome
+    # (ok: DRAM freed, a copy recorded) would be taken for the new task's.
+    state = str(tmp_path / "state")
+    first = MasterCore(MasterConfig(), open_state(state))
+    ids = [next(first._task_ids) for _ in range(1000)]
+    first.close()
+    second = MasterCore(MasterConfig(), open_state(state))
+    try:
+        assert next(second._task_ids) > max(ids)
+    finally:
+        second.close()

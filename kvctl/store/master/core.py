@@ -72,7 +72,9 @@ class MasterCore(LivenessMixin, PlacementMixin, EvictionMixin, ReservationsMixin
         #: names this run of the master (sent in Hello): reservations die with it.
         self.instance = secrets.token_hex(8)
         self._reports = {}
-        self._task_ids = itertools.count(1)
+        # from this run's start (nanoseconds, an int64 until 2262): a node's late report of
+        # the last run's task (a write pending across a restart) never names one of this run
+        self._task_ids = itertools.count(time.time_ns())
         self._jobs = deque()
         self._jobs_runner = threading.Lock()
         self._work = threading.Event()

@@ -330,11 +330,14 @@ def write_pack(path: Path, entries: list[tuple[str, int, int, int, memoryview]],
         end = at + HEADER.size + len(kb) + data.nbytes
     parts.append(struct.pack(f"<{len(entries)}Q", *(e[3] for e in entries))
                  + PACK_TAIL.pack(PACK_MAGIC, len(entries)))
+    # never over a pack already there: an id is given again after a master restart (past
+    # the ids its state names), and a node still writing the last run's pack of that id
+    # would rename it over the new one the index names
     try:
-        write_private_atomically(path, parts, fsync=fsync)
+        write_private_atomically(path, parts, fsync=fsync, replace=False)
     except FileNotFoundError:  # the first pack
         _make_subdir(path)
-        write_private_atomically(path, parts, fsync=fsync)
+        write_private_atomically(path, parts, fsync=fsync, replace=False)
 
 
 def read_entry(path: str | Path, at: int, key: str, version: int, csum: int, size: int,
