@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -13,7 +14,14 @@ from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
 from kvctl.store.client import StoreClient
 from kvctl.store.master import MasterConfig, MasterCore
-from kvctl.store.sharedtier.fileformat import pack_name, read_entry, write_object, write_pack
+from kvctl.store.sharedtier.fileformat import (
+    SharedMissError,
+    pack_name,
+    read_entry,
+    read_object,
+    write_object,
+    write_pack,
+)
 from kvctl.store.sharedtier.writer import SharedWriter
 from kvctl.store.state import open_state
 from tests.store.conftest import wait_for
@@ -135,3 +143,63 @@ def test_a_restarted_master_never_gives_a_task_id_of_its_last_run(tmp_path: Path
         assert next(second._task_ids) > max(ids)
     finally:
         second.close()
+
+
+def test_an_older_client_reading_a_pack_as_a_single_file_misses(tmp_path: Path) -> None:
+    # A client from before packing drops GetSlot.shared_at (msgspec ignores the trailing
+    # field) and reads the pack as the object's own file: a miss, never the wrong bytes,
+    # for the record at offset 0 (the pack goes on past it) as for any other.
+    values = [(f"o{i}", os.urandom(3000)) for i in range(3)]
+    path = tmp_path / pack_name(5)
+    entries, at = [], 0
+    for key, data in values:
+        entries.append((key, 1, checksum(data), at, memoryview(data)))
+        at += 4096
+    write_pack(path, entries, "00" * 8)
+    for key, data in values:
+        with pytest.raises(SharedMissError, match=r"longer|another object"):
+            read_object(path, key, 1, checksum(data), len(data))
+
+
+def core_nodes(c: object) -> list[object]:
+    core = c.server.core  # type: ignore[attr-defined]
+    with core._lock:
+        return [n for n in core._nodes.values() if n.alive]
+
+
+def test_packing_switched_off_and_on_across_restarts_keeps_every_copy(tmp_path: Path) -> None:
+    c = _cluster(tmp_path / "dfs", state=str(tmp_path / "state"))
+    try:
+        c.node(64 * MiB)
+        values = {f"w{i}": os.urandom(8 * KiB) for i in range(8)}
+        with StoreClient(c.address) as client:
+            client.batch_put(list(values.items()))
+            wait_for(lambda: all("shared" in client.stat(k).tier for k in values),
+                     what="packed copies")
+        packed = sorted((c.root / "pk").glob("*.kvp"))
+        assert packed
+        for below in (0, 256 * KiB):  # off: the packs stay named; on again: new ones
+            c.tier = dataclasses.replace(c.tier, pack_below=below)
+            c.restart_master()
+            with StoreClient(c.address) as client:
+                key = f"n{below}"
+                values[key] = os.urandom(8 * KiB)
+                wait_for(lambda: len(core_nodes(c)) == 1, what="the node back")
+                client.put(key, values[key])
+                wait_for(lambda k=key: "shared" in client.stat(k).tier, what="a copy")
+                st = client.status().shared
+                assert st is not None
+                assert st.packed_objects == 8 + (below > 0)
+                assert client.batch_get(list(values)) == list(values.values())
+        assert len(list(c.root.glob("*/*.kvs"))) == 1  # the copy made with packing off
+        with StoreClient(c.address) as client:
+            for key in values:
+                client.remove(key)
+            core = c.server.core
+            wait_for(lambda: (core.tick(), not list(c.root.glob("*/*.kv[sp]")))[1],
+                     what="every file deleted")
+            st = client.status().shared
+            assert st is not None
+            assert (st.files, st.used_bytes, st.packs, st.packed_objects) == (0, 0, 0, 0)
+    finally:
+        c.close()
