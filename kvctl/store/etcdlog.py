@@ -263,9 +263,32 @@ class LogReader:
                 self.old_left = self.old_left or any(True for _ in self._read(
                     self._prefix + sub, 1, pages=1))
         else:
+            self._refuse_a_lost_manifest()
             yield from self._old_layout()
             first = 0
         yield from self._log(first)
+
+    def _refuse_a_lost_manifest(self) -> None:
+        """A snapshot's chunks with neither a manifest nor anything older beside them (no
+        log batch before them, no old-layout key) mean the manifest is gone, not that a
+        first snapshot was cut short (that leaves the log or the old layout it was taken
+        from): the log after it alone would be a silent part of the state."""
+        chunk = next(self._read(self._prefix + SNAPSHOTS, 1, pages=1), None)
+        if chunk is None:
+            return
+        gen = chunk[0][len(self._prefix + SNAPSHOTS):].split("/", 1)[0]
+        older = [self._prefix + LOG, *(self._prefix + sub for sub, _ in OLD_LAYOUT)]
+        for prefix in older:
+            first = next(self._read(prefix, 1, pages=1), None)
+            if first is not None and (prefix != older[0]
+                                      or first[0] < self._prefix + LOG + gen):
+                return
+        raise StoreUnavailableError(
+            f"master state {self._description}: snapshot {gen} is in etcd but "
+            f"{self._prefix}{MANIFEST} is not, and nothing older is: the manifest was "
+            "deleted, so only the changes made after that snapshot are left to load",
+            f"restore etcd from a backup, or put {self._prefix}{MANIFEST} back "
+            "(a master cannot start on part of its state)")
 
     def _refuse_old_layout_written_since(self, manifest_key: str) -> None:
         """Old-layout keys newer than the manifest were written by an earlier kvctl after

@@ -539,3 +539,37 @@ def test_a_snapshot_chunk_replaced_by_fewer_records_stops_the_load(etcd_url: str
     with pytest.raises(StoreUnavailableError, match="records") as caught:
         read_state(etcd_url, cluster_id=cluster)
     assert "backup" in (caught.value.hint or "")
+
+
+def test_a_deleted_manifest_stops_the_load(etcd_url: str) -> None:
+    """The manifest deleted (by hand, a stray ``etcdctl del``): the load used to see no
+    snapshot and replay the log written after it alone, the snapshot's objects silently
+    gone. Now it stops and says what is missing; a first snapshot cut short (its chunks,
+    no manifest, the log it was taken from) still loads."""
+    cluster = f"nomanifest-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    state = MetadataState(etcd_url, cluster_id=cluster, snapshot_chunk_bytes=200)
+    list(state.replay())
+    records = [ObjectRecord(f"k{i:03d}", 1, i, i, [], []) for i in range(30)]
+    for rec in records:
+        state.put_object(rec)
+    assert state.ack(timeout_s=20) is None
+    cut = state.start_snapshot([])
+    assert cut is not None
+    cut.add(records)
+    cut.write()
+    cut.abort()
+    assert len(read_state(etcd_url, cluster_id=cluster).objects) == 30
+    snap = state.start_snapshot([])
+    assert snap is not None
+    snap.add(records)
+    assert snap.finish()
+    state.put_object(ObjectRecord("after", 1, 1, 1, [], []))
+    assert state.ack(timeout_s=20) is None
+    state.close()
+    assert len(read_state(etcd_url, cluster_id=cluster).objects) == 31
+    with open_metadata(etcd_url) as meta:
+        assert meta.delete(prefix + "manifest")
+    with pytest.raises(StoreUnavailableError, match="manifest was deleted") as caught:
+        read_state(etcd_url, cluster_id=cluster)
+    assert "backup" in (caught.value.hint or "")
