@@ -264,6 +264,8 @@ class LogReader:
                     self._prefix + sub, 1, pages=1))
         else:
             self._refuse_a_lost_manifest()
+            first_batch = next(self._read(self._prefix + LOG, 1, pages=1), None)
+            self._refuse_old_layout_written_since(first_batch and first_batch[0])
             yield from self._old_layout()
             first = 0
         yield from self._log(first)
@@ -290,21 +292,24 @@ class LogReader:
             f"restore etcd from a backup, or put {self._prefix}{MANIFEST} back "
             "(a master cannot start on part of its state)")
 
-    def _refuse_old_layout_written_since(self, manifest_key: str) -> None:
-        """Old-layout keys newer than the manifest were written by an earlier kvctl after
-        this store moved to the log (a downgrade): loading the log would drop them and
-        the cleanup would delete them, so the load stops instead."""
+    def _refuse_old_layout_written_since(self, since: str | None) -> None:
+        """Old-layout keys newer than ``since`` (the manifest, or the first log batch)
+        were written by an earlier kvctl after this store moved to the log (a downgrade):
+        loading would drop them (or replay older changes over them) and the cleanup would
+        delete them, so the load stops instead."""
+        if since is None:
+            return
         try:
-            entry = self._loader.get_entry(manifest_key)
+            entry = self._loader.get_entry(since)
             newer = [key for sub, _ in OLD_LAYOUT if entry is not None and (
                 key := self._loader.modified_after(self._prefix + sub, entry[1],
                                                    revision=self.revision))]
         except MetadataError as exc:
-            raise _unavailable(self._description, manifest_key, exc) from exc
+            raise _unavailable(self._description, since, exc) from exc
         if newer:
             raise StoreUnavailableError(
                 f"master state {self._description}: {newer[0]} (one key per record) was "
-                "written after its snapshot, by a kvctl older than the log layout (a "
+                f"written after {since}, by a kvctl older than the log layout (a "
                 "downgrade): loading would lose it and what else that kvctl wrote",
                 "run the kvctl that wrote them, or copy what they hold aside and delete "
                 "them (etcdctl del --prefix); downgrading a store is not supported")

@@ -379,7 +379,8 @@ def test_records_an_older_kvctl_wrote_after_the_move_to_the_log_stop_the_load(
     starts empty and writes one key per record again. Upgraded back, a master used to load
     the older snapshot and log (the downgraded run's puts lost, its removes undone) and
     then delete those keys as leftovers of the move. Now it refuses to start, saying so;
-    keys left over from the move itself (older than the manifest) still load as before."""
+    keys left over from the move itself (older than the manifest) still load as before.
+    So does one downgraded before the first snapshot."""
     cluster = f"downgrade-{secrets.token_hex(4)}"
     prefix = f"kvctl/{cluster}/store/"
     state = MetadataState(etcd_url, cluster_id=cluster)
@@ -400,6 +401,21 @@ def test_records_an_older_kvctl_wrote_after_the_move_to_the_log_stop_the_load(
     assert "not supported" in (caught.value.hint or "")
     with open_metadata(etcd_url) as meta:
         assert meta.get(prefix + "objects/during") is not None  # nothing deleted
+
+    # Before the first snapshot (a log, no manifest): the log's older changes would be
+    # replayed over what the older kvctl wrote since.
+    cluster = f"downgrade-{secrets.token_hex(4)}"
+    prefix = f"kvctl/{cluster}/store/"
+    state = MetadataState(etcd_url, cluster_id=cluster)
+    list(state.replay())
+    state.put_object(ObjectRecord("k", 1, 1, 1, [], []))
+    assert state.ack(timeout_s=20) is None
+    state.close()
+    with open_metadata(etcd_url) as meta:
+        meta.put(prefix + "objects/k", msgspec.msgpack.encode(
+            ObjectRecord("k", 1, 1, 2, [], [])))
+    with pytest.raises(StoreUnavailableError, match="older than the log layout"):
+        read_state(etcd_url, cluster_id=cluster)
 
 
 def test_an_elected_master_is_fenced_before_it_loads(etcd_url: str) -> None:
