@@ -221,14 +221,15 @@ class StorageNode:
         advertised = self.engine.advertised
         return advertised[0] if advertised else ""
 
-    def _register(self) -> MasterConnection:
+    def _register(self, unsent: Sequence[p.TaskReport] = ()) -> MasterConnection:
+        """Register (again); ``unsent``: reports not delivered yet (their tasks run on)."""
         try:
-            return self._register_once()
+            return self._register_once([r.task_id for r in unsent])
         except _DroppedError:
             self._renew()
-            return self._register_once()
+            return self._register_once([])
 
-    def _register_once(self) -> MasterConnection:
+    def _register_once(self, unsent: list[int]) -> MasterConnection:
         conn = self._masters.connect(token=self._token,
                                      timeout_s=max(CALL_TIMEOUT_S, 4 * self._heartbeat_s))
         try:
@@ -237,7 +238,8 @@ class StorageNode:
                 endpoint=self.endpoint, host_id=self._info.host,
                 capacity_bytes=self.capacity_bytes,
                 ssd_capacity_bytes=self.ssd_capacity_bytes, ssd_policy=self.ssd_policy,
-                descriptor=self._descriptor()))
+                descriptor=self._descriptor(),
+                running=[*unsent, *self.shared.unreported()]))
         except BaseException:
             conn.close()
             raise

@@ -411,6 +411,10 @@ class RegisterNode(Struct, frozen=True, tag="register"):
     ssd_capacity_bytes: int = 0
     ssd_policy: str = "off"
     descriptor: bytes = b""
+    #: task ids of the shared-tier writes this node was handed and has not reported yet
+    #: (``None``: a node that does not say); registering again with its epoch kept (its
+    #: connection broke, a heartbeat's reply may be lost), the master fails the others
+    running: list[int] | None = None
 
 
 class DropNode(Struct, frozen=True, tag="drop_node"):

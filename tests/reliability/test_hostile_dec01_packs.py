@@ -8,12 +8,15 @@ import shutil
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
 from kvctl.store.client import StoreClient
+from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterConfig, MasterCore
+from kvctl.store.rpc import MasterConnection
 from kvctl.store.sharedtier.fileformat import (
     SharedMissError,
     pack_name,
@@ -25,7 +28,7 @@ from kvctl.store.sharedtier.fileformat import (
 from kvctl.store.sharedtier.writer import SharedWriter
 from kvctl.store.state import open_state
 from tests.store.conftest import wait_for
-from tests.store.test_shared_tier_packs import _cluster
+from tests.store.test_shared_tier_packs import _cluster, _copied
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -201,5 +204,80 @@ def test_packing_switched_off_and_on_across_restarts_keeps_every_copy(tmp_path: 
             st = client.status().shared
             assert st is not None
             assert (st.files, st.used_bytes, st.packs, st.packed_objects) == (0, 0, 0, 0)
+    finally:
+        c.close()
+
+
+def _lose_a_reply(monkeypatch: pytest.MonkeyPatch, op: str) -> list[p.Tasks]:
+    """The first heartbeat reply handing out an ``op`` task is lost on its way back (the
+    master sent it, the node's connection broke): the node registers again, epoch kept."""
+    real = MasterConnection.call
+    lost: list[p.Tasks] = []
+
+    def call(self: MasterConnection, msg: msgspec.Struct) -> p.Reply:
+        reply = real(self, msg)
+        if isinstance(msg, p.Heartbeat) and isinstance(reply, p.Tasks) and not lost and any(
+                t.op == op for t in reply.tasks):
+            lost.append(reply)
+            raise StoreUnavailableError("the reply was lost (test)", None)
+        return reply
+
+    monkeypatch.setattr(MasterConnection, "call", call)
+    return lost
+
+
+@pytest.mark.parametrize("slow", [False, True], ids=["lost", "still-running"])
+def test_a_lost_heartbeat_reply_leaks_no_pack_queue_slot_or_copy_in_flight(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, slow: bool) -> None:
+    # The master moved a pack task in flight and its reply never reached the node: no
+    # report ever comes, so the pack stayed in the table (never landed), the node's queue
+    # slot and the objects' entries of copies being written stayed for good (32 such and
+    # the node got no write-through copy again). Registering again the node names the
+    # tasks it still runs; the master fails the others. A write still running (slow) when
+    # the connection breaks is not failed: it lands and is recorded.
+    from kvctl.store.sharedtier import writer
+
+    lost = _lose_a_reply(monkeypatch, "pack") if not slow else []
+    broke: list[int] = []
+    if slow:
+        real_write = writer.write_pack
+        real_call = MasterConnection.call
+
+        def slow_write(*args: object, **kwargs: object) -> None:
+            time.sleep(0.6)  # reported pending, still running when the connection breaks
+            real_write(*args, **kwargs)  # type: ignore[arg-type]
+
+        def call(self: MasterConnection, msg: msgspec.Struct) -> p.Reply:
+            reply = real_call(self, msg)
+            if isinstance(msg, p.Heartbeat) and any(r.pending for r in msg.reports) and (
+                    not broke):
+                broke.append(1)
+                raise StoreUnavailableError("the connection broke (test)", None)
+            return reply
+
+        monkeypatch.setattr(writer, "write_pack", slow_write)
+        monkeypatch.setattr(MasterConnection, "call", call)
+    c = _cluster(tmp_path / "dfs")
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            keys = [f"q{i}" for i in range(5)]
+            client.batch_put([(k, os.urandom(8 * KiB)) for k in keys])
+            core = c.server.core
+            st = core._shared
+
+            def settled() -> bool:
+                with core._lock:
+                    return not st.writing and all(pk.landed for pk in st.packs.values()) and (
+                        all(not n.inflight for n in core._nodes.values()))
+
+            wait_for(settled, what="no pack, queue slot or task left in flight")
+            assert lost or broke
+            with core._lock:
+                assert all(q == (0, 0) for q in st.queued.values())
+            tiers = [client.stat(k).tier for k in keys]
+            assert tiers == (["dram+shared"] * 5 if slow else ["dram"] * 5)
+            client.batch_put([(f"n{i}", os.urandom(8 * KiB)) for i in range(5)])
+            _copied(client, [f"n{i}" for i in range(5)])  # the node copies again
     finally:
         c.close()

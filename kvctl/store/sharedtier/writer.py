@@ -68,6 +68,8 @@ class SharedWriter:
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._late: list[p.TaskReport] = []
+        #: tasks reported ``pending`` whose report :meth:`finished` has not handed out yet
+        self._open: set[int] = set()
         self._thread: threading.Thread | None = None
 
     def run(self, task: p.Task, view_of: Callable[[int, int], memoryview], epoch: str
@@ -91,13 +93,21 @@ class SharedWriter:
             if job.report is not None:
                 return job.report
             job.late = True
+            self._open.add(task.task_id)
         return p.TaskReport(task_id=task.task_id, ok=False, pending=True)
 
     def finished(self) -> list[p.TaskReport]:
         """Reports of writes that were pending and have ended since the last call."""
         with self._lock:
             done, self._late = self._late, []
+            self._open.difference_update(r.task_id for r in done)
         return done
+
+    def unreported(self) -> list[int]:
+        """Task ids reported ``pending`` whose real report :meth:`finished` has not handed
+        out yet (running, or ended since its last call)."""
+        with self._lock:
+            return list(self._open)
 
     def _loop(self) -> None:
         while True:
