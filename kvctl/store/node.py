@@ -259,7 +259,7 @@ class StorageNode:
                 if self._retiring:
                     self._unregister_retired()
                 if conn is None:
-                    conn = self._register()
+                    conn = self._register(reports)
                     self._conn = conn
                     _log.info("node %s registered again with %s", self.node_id, conn.address)
                 reports.extend(self.shared.finished())  # shared-tier writes ended since
