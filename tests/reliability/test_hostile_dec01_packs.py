@@ -281,3 +281,29 @@ def test_a_lost_heartbeat_reply_leaks_no_pack_queue_slot_or_copy_in_flight(
             _copied(client, [f"n{i}" for i in range(5)])  # the node copies again
     finally:
         c.close()
+
+
+def test_a_restarted_master_gives_no_pack_the_name_of_an_orphan(tmp_path: Path) -> None:
+    # A master killed with packs renamed but not recorded: the next one restarts its ids
+    # past those its state names, i.e. at the orphans' (which then failed EEXIST, or
+    # before the no-replace write were replaced and purged with the new pack's records).
+    c = _cluster(tmp_path / "dfs", state=str(tmp_path / "state"))
+    try:
+        c.node(64 * MiB)
+        with StoreClient(c.address) as client:
+            client.put("a", os.urandom(8 * KiB))
+            _copied(client, ["a"])
+        orphan_id = c.server.core._shared.next_pack + 3  # ids a run ahead of the clock
+        data = memoryview(os.urandom(4096))
+        for pack_id in (orphan_id, (1 << 64) - 1):  # and a name no id of ours can have
+            write_pack(c.root / pack_name(pack_id), [("lost", 1, checksum(data), 0, data)],
+                       "00" * 8)
+        c.restart_master()
+        assert c.server.core._shared.next_pack == orphan_id + 1
+        wait_for(lambda: len(core_nodes(c)) == 1, what="the node back")
+        with StoreClient(c.address) as client:
+            client.put("b", os.urandom(8 * KiB))
+            _copied(client, ["b"])
+            assert client.status().shared.write_errors == 0
+    finally:
+        c.close()

@@ -32,13 +32,22 @@ Rules (tests/store/test_shared_tier_packs.py, tests/multihost/test_shared_tier_p
 from __future__ import annotations
 
 import logging
+import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvctl.store import protocol as p
 from kvctl.store.master.base import MasterBase
 from kvctl.store.master.records import Node, Obj
-from kvctl.store.sharedtier.fileformat import entry_span, file_bytes, pack_bytes, pack_name
+from kvctl.store.sharedtier.fileformat import (
+    PACK_DIR,
+    PACK_NAME_RE,
+    entry_span,
+    file_bytes,
+    pack_bytes,
+    pack_name,
+)
 
 if TYPE_CHECKING:
     from kvctl.store.sharedtier.housekeeping import SharedState
@@ -48,6 +57,27 @@ _log = logging.getLogger("kvctl.store.master")
 #: ``Obj.pack`` is ``pack id << AT_BITS | offset`` (a pack is smaller than 1 << AT_BITS).
 AT_BITS = 24
 AT_MASK = (1 << AT_BITS) - 1
+#: past this a pack's ``Obj.pack`` would not fit an int64 (a name such as
+#: ``pk/ffffffffffffffff.kvp`` found on the tier is not taken for one of ours)
+MAX_PACK_ID = (1 << (63 - AT_BITS)) - 1
+
+
+def highest_pack_on_disk(root: Path) -> int:
+    """The highest pack id named in ``root/pk`` (0: none, or it cannot be read): a master
+    starting gives ids past it, so no pack it asks for has the name of an orphan of the
+    last run (a pack renamed but never recorded, waiting for the sweep)."""
+    top = 0
+    try:
+        with os.scandir(root / PACK_DIR) as entries:
+            for entry in entries:
+                match = PACK_NAME_RE.match(entry.name)
+                if match is not None:
+                    pack_id = int(match.group(1), 16)
+                    if pack_id <= MAX_PACK_ID >> 1:  # leaves ids to give after it
+                        top = max(top, pack_id)
+    except OSError:
+        return top
+    return top
 
 
 def pack_ref(pack_id: int, at: int) -> int:
@@ -288,4 +318,5 @@ class SharedPacks(MasterBase):
             st.files += 1
             st.pack_files += 1
             st.packed += pack.live
-        st.next_pack = max(st.next_pack, max(packs, default=0) + 1, int(time.time()))
+        st.next_pack = max(st.next_pack, max(packs, default=0) + 1, int(time.time()),
+                           highest_pack_on_disk(st.config.root) + 1)
