@@ -591,3 +591,30 @@ def test_a_deleted_manifest_stops_the_load(etcd_url: str) -> None:
     with pytest.raises(StoreUnavailableError, match="manifest was deleted") as caught:
         read_state(etcd_url, cluster_id=cluster)
     assert "backup" in (caught.value.hint or "")
+
+
+def test_etcd_over_its_quota_is_an_error_that_says_how_to_recover(tmp_path: Path) -> None:
+    """etcd past --quota-backend-bytes refuses every write with 'database space exceeded';
+    the error used to end with a hint to check etcd's version. Now it says what to run."""
+    from kvctl.transfer.metadata import MetadataError
+
+    etcd: ServerProcess = make_etcd(tmp_path)
+    etcd.argv += ["--quota-backend-bytes", str(1 << 20)]
+    etcd.start()
+    try:
+        with open_metadata(etcd.url) as meta:
+            value = os.urandom(64 << 10)
+            refused: MetadataError | None = None
+            for i in range(200):  # 12.5 MiB at most: far past a 1 MiB quota
+                try:
+                    meta.put(f"fill/{i}", value)
+                except MetadataError as exc:
+                    refused = exc
+                    break
+            assert refused is not None, "etcd took 12.5 MiB under a 1 MiB quota"
+            assert "database space exceeded" in refused.cause
+            assert refused.hint is not None
+            assert "etcdctl alarm disarm" in refused.hint
+            assert "etcdctl defrag" in refused.hint
+    finally:
+        etcd.stop()

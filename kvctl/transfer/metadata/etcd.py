@@ -321,8 +321,7 @@ class EtcdMetadata(MetadataClient):
         if _LEASE_NOT_FOUND in message:
             raise LeaseExpiredError(f"etcd {self.url}: {message}",
                                     "grant a new lease and publish again")
-        raise MetadataError(f"etcd {self.url} failed {path}: {message}",
-                            "check the etcd server's log and that it runs v3.4 or later")
+        raise MetadataError(f"etcd {self.url} failed {path}: {message}", _hint_for(message))
 
     def _unb64(self, text: str) -> bytes:
         try:
@@ -518,3 +517,26 @@ def _open(parsed: urllib.parse.SplitResult, url: str, options: MetadataOptions) 
                          "write etcd://HOST:2379[,HOST2:2379]")
     endpoints = split_endpoints(parsed, url, default_port=2379)
     return EtcdMetadata(endpoints, timeout_s=options.timeout_s, url=url)
+
+
+#: etcd's answers that say what to do, by a phrase in their message.
+_HINTS = (
+    ("database space exceeded",
+     "etcd reached its backend quota (--quota-backend-bytes) and takes no writes: compact "
+     "old revisions (etcdctl compact REV), defragment each member (etcdctl defrag), then "
+     "etcdctl alarm disarm; see docs/store.md, State"),
+    ("request is too large",
+     "the request is over etcd's --max-request-bytes; raise it (1.5 MiB by default)"),
+    ("too many operations in txn",
+     "the transaction is over etcd's --max-txn-ops; raise it (128 by default)"),
+    ("required revision has been compacted",
+     "etcd compacted the revision being read; try again (and compact less often)"),
+)
+
+
+def _hint_for(message: str) -> str:
+    for phrase, hint in _HINTS:
+        if phrase in message:
+            return hint
+    return "check the etcd server's log and that it runs v3.4 or later"
+
