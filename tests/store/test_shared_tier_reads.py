@@ -37,6 +37,7 @@ VERSION = 0x1234
 
 def _file(tmp_path: Path, data: bytes, key: str = KEY, version: int = VERSION) -> Path:
     path = tmp_path / file_name(key, version)
+    tmp_path.mkdir(parents=True, exist_ok=True)  # a write never makes the tier's root
     write_object(path, key, version, memoryview(data), checksum(data), "ab" * 8)
     return path
 
