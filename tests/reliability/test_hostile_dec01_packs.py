@@ -17,6 +17,7 @@ from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.rpc import MasterConnection
+from kvctl.store.sharedtier.config import TIER_MARKER, open_tier
 from kvctl.store.sharedtier.fileformat import (
     SharedMissError,
     pack_name,
@@ -48,18 +49,25 @@ def test_a_write_never_creates_the_tier_root(tmp_path: Path) -> None:
     assert sorted(p.name for p in root.iterdir()) == ["ab", "pk"]
 
 
+@pytest.mark.parametrize("unmounted", ["root-gone", "bare-mount-point"])
 @pytest.mark.parametrize("size", [8 * KiB, 512 * KiB], ids=["packed", "single"])
-def test_the_tier_root_removed_while_running_is_an_error_not_local_copies(
-        tmp_path: Path, size: int) -> None:
+def test_an_unmounted_tier_takes_no_local_copies(tmp_path: Path, size: int,
+                                                 unmounted: str) -> None:
+    # The tier's directory removed, or (an unmount) left as the bare mount point, an empty
+    # directory of the local disk: a write made the root (mkdir -p) or its xx/ and pk/ in
+    # it, and copies no other host sees were recorded.
     c = _cluster(tmp_path / "dfs")
     try:
         c.node(64 * MiB)
         with StoreClient(c.address) as client:
+            assert (c.root / TIER_MARKER).exists()
             shutil.rmtree(c.root)
+            if unmounted == "bare-mount-point":
+                c.root.mkdir()
             values = [(f"r{i}", os.urandom(size)) for i in range(4)]
             client.batch_put(values)
             wait_for(lambda: client.status().shared.write_errors >= 1, what="a write error")
-            assert not c.root.exists()  # no local directory took the copies
+            assert not c.root.exists() or not list(c.root.iterdir())
             st = client.status().shared
             assert st is not None
             assert st.errors.get("other", 0) >= 1
@@ -118,7 +126,7 @@ def test_a_late_write_of_a_reused_pack_id_never_replaces_the_pack(tmp_path: Path
     # flight gives their ids again, and the node that was writing the old one (a slow
     # distributed file system) renames it late, over the new pack the index now names.
     root = tmp_path / "dfs"
-    root.mkdir()
+    open_tier(root)
     path = root / pack_name(77)
     new, old = os.urandom(5000), os.urandom(5000)
     new_writer, old_writer = SharedWriter(), SharedWriter()
@@ -307,3 +315,4 @@ def test_a_restarted_master_gives_no_pack_the_name_of_an_orphan(tmp_path: Path) 
             assert client.status().shared.write_errors == 0
     finally:
         c.close()
+

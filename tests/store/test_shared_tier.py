@@ -360,8 +360,10 @@ def test_a_full_file_system_pauses_writes_and_dram_keeps_serving(tmp_path: Path)
 
 def test_writer_never_records_bytes_that_changed(tmp_path: Path) -> None:
     from kvctl.store import protocol as p
+    from kvctl.store.sharedtier.config import open_tier
     from kvctl.store.sharedtier.writer import SharedWriter
 
+    open_tier(tmp_path)  # a node writes only into a tier (its root's marker file)
     data = bytearray(os.urandom(4096))
     path = tmp_path / file_name("k", 3)
     task = p.Task(task_id=1, op="shared", key="k", version=3, offset=0, size=4096,

@@ -338,6 +338,7 @@ def test_a_batch_reads_each_pack_with_one_open_and_a_missing_pack_misses_alone(
 
 def test_the_writer_leaves_out_records_whose_dram_changed(tmp_path: Path) -> None:
     from kvctl.store import protocol as p
+    from kvctl.store.sharedtier.config import open_tier
     from kvctl.store.sharedtier.writer import SharedWriter
 
     dram = bytearray(os.urandom(3 * 8192))
@@ -345,6 +346,7 @@ def test_the_writer_leaves_out_records_whose_dram_changed(tmp_path: Path) -> Non
     sums[1] ^= 1  # its DRAM copy moved on
     entries = [p.PackEntry(f"w{i}", 5, i * 8192, 8192, sums[i], i * entry_span("w0", 8192))
                for i in range(3)]
+    open_tier(tmp_path)  # a node writes only into a tier (its root's marker file)
     path = tmp_path / pack_name(77)
     task = p.Task(task_id=1, op="pack", key="", version=77, offset=0, size=0, checksum=0,
                   path=str(path), entries=entries)

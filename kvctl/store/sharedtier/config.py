@@ -12,6 +12,10 @@ from kvctl.errors import UsageError
 if TYPE_CHECKING:
     from kvctl.store.settings import StoreSettings
 
+#: A file :func:`open_tier` leaves in the tier's root: a node makes a subdirectory (``xx/``,
+#: ``pk/``) only where it finds it, so the empty mount point an unmounted distributed file
+#: system leaves behind takes no copies that no other host sees.
+TIER_MARKER = ".kvctl-tier"
 #: ``write-back``: an object is copied to the shared tier when DRAM evicts it;
 #: ``write-through``: also soon after each put (a node task, never on the put's path).
 SHARED_POLICIES = ("write-back", "write-through")
@@ -120,7 +124,8 @@ def map_path(path: str, pairs: tuple[tuple[str, str], ...]) -> Path:
 
 
 def open_tier(root: Path) -> None:
-    """Create ``root`` if missing and check that this host can write it.
+    """Create ``root`` if missing (with its :data:`TIER_MARKER`) and check that this host
+    can write it.
 
     Raises:
         UsageError: not a directory this user owns alone, or not writable.
@@ -132,6 +137,7 @@ def open_tier(root: Path) -> None:
         fd, probe = create_private(root, "kvctl-probe")
         os.close(fd)
         probe.unlink()
+        os.close(os.open(root / TIER_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
     except UnsafePathError:
         raise
     except OSError as exc:

@@ -77,8 +77,9 @@ def errno_name(exc: OSError) -> str:
 
 
 def write_object(path: Path, key: str, version: int, data: memoryview, csum: int,
-                 epoch: str, *, fsync: bool = True) -> None:
-    """Write ``data`` as ``key``'s file at ``path``: temporary name, fsync, rename.
+                 epoch: str, *, fsync: bool = True, marker: str = "") -> None:
+    """Write ``data`` as ``key``'s file at ``path``: temporary name, fsync, rename
+    (``marker``: a subdirectory is made only in a root holding a file of that name).
 
     Raises:
         OSError: the file system failed (``ENOSPC``, ``EDQUOT``, ``ESTALE``, ``EIO``);
@@ -90,18 +91,23 @@ def write_object(path: Path, key: str, version: int, data: memoryview, csum: int
     try:
         write_private_atomically(path, [head, data], fsync=fsync)
     except FileNotFoundError:  # the first file of its subdirectory
-        _make_subdir(path)
+        _make_subdir(path, marker)
         write_private_atomically(path, [head, data], fsync=fsync)
 
 
-def _make_subdir(path: Path) -> None:
+def _make_subdir(path: Path, marker: str) -> None:
     """Create ``path``'s directory (``xx/`` or ``pk/``) in the tier root, never the root
-    itself: a root gone (a distributed file system unmounted, its directory removed) is an
-    error (``ENOENT``), not a local directory that silently takes the copies.
+    itself: a root gone (a distributed file system unmounted, its directory removed), or
+    one without ``marker`` (the empty mount point it left), is an error (``ENOENT``), not a
+    local directory that silently takes the copies.
 
     Raises:
-        OSError: the root is missing (``ENOENT``) or the file system failed.
+        OSError: the root or its marker is missing (``ENOENT``), or the file system failed.
     """
+    root = path.parent.parent
+    if marker and not os.path.lexists(root / marker):
+        raise FileNotFoundError(errno.ENOENT, "not the shared tier (its marker file "
+                                f"{marker} is missing: not mounted?)", str(root))
     path.parent.mkdir(mode=0o700, exist_ok=True)
 
 
@@ -308,7 +314,7 @@ def pack_bytes(end: int, entries: int) -> int:
 
 
 def write_pack(path: Path, entries: list[tuple[str, int, int, int, memoryview]], epoch: str,
-               *, fsync: bool = True) -> None:
+               *, fsync: bool = True, marker: str = "") -> None:
     """Write a pack at ``path``: each ``(key, version, checksum, at, data)`` as a record at
     byte ``at`` (increasing, :data:`PACK_ALIGN` multiples), then the trailer; temporary
     name, fsync, rename, as :func:`write_object`.
@@ -336,7 +342,7 @@ def write_pack(path: Path, entries: list[tuple[str, int, int, int, memoryview]],
     try:
         write_private_atomically(path, parts, fsync=fsync, replace=False)
     except FileNotFoundError:  # the first pack
-        _make_subdir(path)
+        _make_subdir(path, marker)
         write_private_atomically(path, parts, fsync=fsync, replace=False)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from kvctl.errors import KvctlError
 from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
-from kvctl.store.sharedtier.config import map_path
+from kvctl.store.sharedtier.config import TIER_MARKER, map_path
 from kvctl.store.sharedtier.fileformat import errno_name, write_object, write_pack
 
 _log = logging.getLogger("kvctl.store.sharedtier")
@@ -129,7 +129,7 @@ class SharedWriter:
         path = map_path(task.path, self.path_map)
         try:
             write_object(path, task.key, task.version, view, task.checksum, epoch,
-                         fsync=self.fsync)
+                         fsync=self.fsync, marker=TIER_MARKER)
         except OSError as exc:
             name = errno_name(exc)
             text = f"{name}: shared-tier write of {task.key!r} to {path}: {exc.strerror or exc}"
@@ -157,7 +157,7 @@ class SharedWriter:
         try:
             write_pack(path, [(entries[i].key, entries[i].version, entries[i].checksum,
                                entries[i].at, views[i]) for i in good], epoch,
-                       fsync=self.fsync)
+                       fsync=self.fsync, marker=TIER_MARKER)
         except OSError as exc:
             name = errno_name(exc)
             text = (f"{name}: shared-tier write of a pack of {len(good)} objects to {path}: "
