@@ -298,9 +298,11 @@ class ForeignDriver(EngineDriver):
     @classmethod
     @abc.abstractmethod
     def launch_target(cls, region_bytes: int, transport: str, host: str,
-                      location: str = "cpu:0") -> tuple[ChildProcess, ForeignTarget]:
+                      location: str = "cpu:0", nics: Sequence[str] = ()
+                      ) -> tuple[ChildProcess, ForeignTarget]:
         """Spawn a target serving ``region_bytes`` at ``location`` (``cpu:N``, ``cuda:N``)
-        over ``transport`` at ``host``.
+        over ``transport`` at ``host``, on the RDMA NICs ``nics`` when given (``--nic``;
+        else topo's ranking for ``location``).
 
         Raises:
             UnavailableError: the engine cannot serve that transport or location here.
@@ -343,7 +345,7 @@ class ForeignDriver(EngineDriver):
         plan = self._require_plan()
         if self._published is None:
             self._child, spawned = self.launch_target(plan.region_bytes, transport, LOOPBACK,
-                                                      str(plan.remote))
+                                                      str(plan.remote), plan.nics)
             return spawned
         target = self._published.get(transport)
         if target is None:

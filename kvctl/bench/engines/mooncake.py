@@ -175,7 +175,7 @@ def _register(engine: Any, region: LocalRegion) -> None:
 
 
 def _target_main(region_bytes: int, transport: str, host: str, location: str,
-                 conn: multiprocessing.connection.Connection) -> None:
+                 nics: tuple[str, ...], conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the spawned Mooncake target process."""
     stdout_to_stderr()
     _env_defaults()
@@ -183,7 +183,7 @@ def _target_main(region_bytes: int, transport: str, host: str, location: str,
     try:
         _require_cuda_build(location)
         region = LocalRegion(region_bytes, parse_location(location, what="remote location"))
-        engine, used = _new_engine(transport, host, location)
+        engine, used = _new_engine(transport, host, location, nics)
         _register(engine, region)
         port = engine.get_rpc_port()
     except KvctlError as exc:
@@ -234,9 +234,11 @@ class MooncakeDriver(ForeignDriver):
 
     @classmethod
     def launch_target(cls, region_bytes: int, transport: str, host: str,
-                      location: str = "cpu:0") -> tuple[ChildProcess, ForeignTarget]:
+                      location: str = "cpu:0", nics: Sequence[str] = ()
+                      ) -> tuple[ChildProcess, ForeignTarget]:
         cls.check_transport(transport, cross_host=not is_loopback(host))
-        return launch_target(_target_main, (region_bytes, transport, host, location),
+        return launch_target(_target_main, (region_bytes, transport, host, location,
+                                            tuple(nics)),
                              name="Mooncake target", hint=_HINT)
 
     def __init__(self) -> None:

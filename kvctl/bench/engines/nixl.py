@@ -152,7 +152,7 @@ def nixl_memory(location: str) -> tuple[str, int]:
 
 
 def _target_main(region_bytes: int, transport: str, host: str, location: str,
-                 conn: multiprocessing.connection.Connection) -> None:
+                 nics: tuple[str, ...], conn: multiprocessing.connection.Connection) -> None:
     """Entry point of the spawned NIXL target process (ends with ``os._exit``: NIXL 1.5.1
     crashes in the interpreter's own exit once an agent existed)."""
     stdout_to_stderr()
@@ -165,7 +165,7 @@ def _target_main(region_bytes: int, transport: str, host: str, location: str,
     mem, device = nixl_memory(location)
     name = _agent_name("target", transport)
     try:
-        agent = _new_agent(name, tls, host, location)
+        agent = _new_agent(name, tls, host, location, nics)
         registered = agent.register_memory([(region.address, region_bytes, device, "")], mem)
         metadata = agent.get_agent_metadata()
     except Exception as exc:  # noqa: BLE001 - NIXL's own error types, sent on as a typed error
@@ -218,9 +218,11 @@ class NixlDriver(ForeignDriver):
 
     @classmethod
     def launch_target(cls, region_bytes: int, transport: str, host: str,
-                      location: str = "cpu:0") -> tuple[ChildProcess, ForeignTarget]:
+                      location: str = "cpu:0", nics: Sequence[str] = ()
+                      ) -> tuple[ChildProcess, ForeignTarget]:
         cls.check_transport(transport, cross_host=not is_loopback(host))
-        return launch_target(_target_main, (region_bytes, transport, host, location),
+        return launch_target(_target_main, (region_bytes, transport, host, location,
+                                            tuple(nics)),
                              name="NIXL target",
                              hint="check UCX on this host (ucx_info -d)")
 

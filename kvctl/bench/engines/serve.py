@@ -173,7 +173,7 @@ class TargetSet:
         for transport in dict.fromkeys(self.transports):
             try:
                 child, target = cls.launch_target(self.spec.region_bytes, transport, host,
-                                                  self.spec.location)
+                                                  self.spec.location, self.spec.nics)
             except UnavailableError as exc:
                 _log.info("%s: not serving %s: %s", name, transport, exc.cause)
                 skipped.append(Skipped(name, transport, exc.cause, exc.hint))
