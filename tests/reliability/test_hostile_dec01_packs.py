@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -316,3 +317,49 @@ def test_a_restarted_master_gives_no_pack_the_name_of_an_orphan(tmp_path: Path) 
     finally:
         c.close()
 
+
+
+def test_batched_gets_racing_pack_deaths_get_exact_bytes_or_a_miss(tmp_path: Path) -> None:
+    # Tier-only packed copies (their node gone) read in batches by one client while another
+    # takes them out of the tier (remove: the same death of entries as a quota eviction,
+    # the last one deleting the pack): each key reads exact or misses, never other bytes.
+    c = _cluster(tmp_path / "dfs")
+    try:
+        node = c.node(64 * MiB)
+        values = {f"d{i}": os.urandom(16 * KiB) for i in range(192)}
+        with StoreClient(c.address) as client:
+            client.batch_put(list(values.items()))
+            _copied(client, list(values))
+        node.close()
+        c.nodes.clear()
+        keys = list(values)
+        got = misses = 0
+        with StoreClient(c.address) as remover, StoreClient(c.address) as reader:
+            def remove_all() -> None:
+                for key in keys:
+                    remover.remove(key)
+                    time.sleep(0.002)
+
+            thread = threading.Thread(target=remove_all)
+            thread.start()
+            for _ in range(400):  # bounded; batches read while packs die under them
+                for key, out in zip(keys, reader.batch_get(keys), strict=True):
+                    if isinstance(out, bytes):
+                        assert out == values[key], key
+                        got += 1
+                    else:
+                        misses += 1
+                if not thread.is_alive():
+                    break
+            thread.join(timeout=30)
+            tier_reads = reader.shared.reads
+        assert tier_reads == got > 0
+        assert misses > 0
+        core = c.server.core
+        wait_for(lambda: (core.tick(), not packs_on(c.root))[1], what="every pack deleted")
+    finally:
+        c.close()
+
+
+def packs_on(root: Path) -> list[Path]:
+    return sorted(root.glob("pk/*.kvp"))
