@@ -239,7 +239,8 @@ class StorageNode:
                 capacity_bytes=self.capacity_bytes,
                 ssd_capacity_bytes=self.ssd_capacity_bytes, ssd_policy=self.ssd_policy,
                 descriptor=self._descriptor(),
-                running=[*unsent, *self.shared.unreported()]))
+                running=[*unsent, *self.shared.unreported(),
+                         *self._ssd_tasks.unreported()]))
         except BaseException:
             conn.close()
             raise

@@ -51,6 +51,8 @@ class TaskThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._late: list[p.TaskReport] = []
+        #: tasks reported ``pending`` whose report :meth:`finished` has not handed out yet
+        self._open: set[int] = set()
         self._generation = 0
         self._thread: threading.Thread | None = None
 
@@ -69,13 +71,22 @@ class TaskThread:
             if job.report is not None:
                 return job.report
             job.late = True
+            self._open.add(task_id)
         return p.TaskReport(task_id=task_id, ok=False, pending=True)
 
     def finished(self) -> list[p.TaskReport]:
         """Reports of tasks that were pending and have ended since the last call."""
         with self._lock:
             done, self._late = self._late, []
+            self._open.difference_update(r.task_id for r in done)
         return done
+
+    def unreported(self) -> list[int]:
+        """Task ids reported ``pending`` whose real report :meth:`finished` has not handed
+        out yet (still running, or ended since its last call): what a node re-registering
+        tells the master it still owes."""
+        with self._lock:
+            return list(self._open)
 
     def discard(self) -> None:
         """Forget the reports of every task given so far (the master dropped this node:
@@ -83,6 +94,7 @@ class TaskThread:
         with self._lock:
             self._generation += 1
             self._late = []
+            self._open.clear()
 
     def idle(self, timeout_s: float) -> bool:
         """Wait until every task given so far has ended (``False``: still busy after

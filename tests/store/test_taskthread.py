@@ -107,3 +107,29 @@ def test_an_ssd_write_stalled_for_several_node_timeouts_does_not_drop_the_node(
         assert node.ssd is not None
         assert node.ssd.path_for("slow").exists()
         assert client.get("slow") == data
+
+
+def test_an_ssd_task_in_a_lost_heartbeat_reply_does_not_stay_in_flight(
+        quick: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master moves a reply's tasks in flight before sending it; a reply lost on its
+    way left an SSD persist in flight for good (no report ever comes). The node, back with
+    its epoch, names the tasks it still owes; the master fails the rest, and the next put
+    is copied as usual."""
+    from tests.reliability.test_hostile_dec01_packs import _lose_a_reply
+
+    lost = _lose_a_reply(monkeypatch, "persist")
+    quick.add_node("a", 8 << 20, ssd_dir=tmp_path)
+    core = quick.server.core
+    with StoreClient(quick.address) as client:
+        wait_for(lambda: len(client.status().nodes) == 1, what="node")
+        client.put("first", os.urandom(64 << 10))
+        wait_for(lambda: bool(lost), what="the persist's reply lost")
+
+        def settled() -> bool:
+            with core._lock:
+                return all(not n.inflight for n in core._nodes.values())
+
+        wait_for(settled, what="no task left in flight")
+        assert client.stat("first").tier == "dram"  # its copy was never made
+        client.put("second", os.urandom(64 << 10))
+        wait_for(lambda: client.stat("second").tier == "dram+ssd", what="the next copy")

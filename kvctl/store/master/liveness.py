@@ -121,10 +121,10 @@ class LivenessMixin(MasterBase):
                 old.endpoint, old.segment, old.host_id = msg.endpoint, msg.segment, msg.host_id
                 old.ssd_capacity_bytes, old.ssd_policy = msg.ssd_capacity_bytes, msg.ssd_policy
                 old.descriptor = msg.descriptor
-                if msg.running is not None:  # shared-tier tasks it never got: failed
+                if msg.running is not None:  # tasks it never got (a reply lost): failed
                     running = set(msg.running)
-                    for task in [t for t in old.inflight.values() if t.op in (
-                            "shared", "pack") and t.task_id not in running]:
+                    for task in [t for t in old.inflight.values()
+                                 if t.task_id not in running]:
                         self._apply_report(old, p.TaskReport(
                             task_id=task.task_id, ok=False,
                             error="LOST: the node never got this task (a reply lost)"))
