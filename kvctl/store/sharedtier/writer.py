@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import queue
-import threading
 from collections.abc import Callable
 
 from kvctl.errors import KvctlError
@@ -28,28 +26,12 @@ from kvctl.store import protocol as p
 from kvctl.store.checksum import checksum
 from kvctl.store.sharedtier.config import TIER_MARKER, map_path
 from kvctl.store.sharedtier.fileformat import errno_name, write_object, write_pack
+from kvctl.store.taskthread import WAIT_S, TaskThread
 
 _log = logging.getLogger("kvctl.store.sharedtier")
 
-#: Seconds :meth:`SharedWriter.run` waits for a write before reporting it pending.
-WAIT_S = 0.25
-
-
-class _Job:
-    __slots__ = ("done", "epoch", "late", "report", "task", "views")
-
-    def __init__(self, task: p.Task, views: list[memoryview], epoch: str) -> None:
-        self.task = task
-        #: the object's DRAM range (a ``pack`` task: each entry's)
-        self.views = views
-        self.epoch = epoch
-        self.done = threading.Event()
-        self.report: p.TaskReport | None = None
-        self.late = False
-
-
 class SharedWriter:
-    """Carry out ``shared`` tasks on a thread of their own.
+    """Carry out ``shared`` tasks on a thread of their own (a :class:`TaskThread`).
 
     Args:
         path_map: ``(master prefix, local prefix)`` pairs (where this host mounts the
@@ -63,14 +45,17 @@ class SharedWriter:
                  wait_s: float = WAIT_S) -> None:
         self.path_map = path_map
         self.fsync = fsync
-        self.wait_s = wait_s
         self.written = 0
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._late: list[p.TaskReport] = []
-        #: tasks reported ``pending`` whose report :meth:`finished` has not handed out yet
-        self._open: set[int] = set()
-        self._thread: threading.Thread | None = None
+        self._tasks = TaskThread("kvctl-shared-writer", wait_s=wait_s)
+
+    @property
+    def wait_s(self) -> float:
+        """How long :meth:`run` waits for a write before reporting it pending."""
+        return self._tasks.wait_s
+
+    @wait_s.setter
+    def wait_s(self, value: float) -> None:
+        self._tasks.wait_s = value
 
     def run(self, task: p.Task, view_of: Callable[[int, int], memoryview], epoch: str
             ) -> p.TaskReport:
@@ -82,43 +67,18 @@ class SharedWriter:
                      else [view_of(task.offset, task.size)])
         except KvctlError as exc:
             return p.TaskReport(task_id=task.task_id, ok=False, error=f"EINVAL: {exc.cause}")
-        job = _Job(task, views, epoch)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="kvctl-shared-writer",
-                                            daemon=True)
-            self._thread.start()
-        self._jobs.put(job)
-        job.done.wait(self.wait_s)
-        with self._lock:
-            if job.report is not None:
-                return job.report
-            job.late = True
-            self._open.add(task.task_id)
-        return p.TaskReport(task_id=task.task_id, ok=False, pending=True)
+        if task.op == "pack":
+            return self._tasks.run(task.task_id, lambda: self._write_pack(task, views, epoch))
+        return self._tasks.run(task.task_id, lambda: self._write(task, views[0], epoch))
 
     def finished(self) -> list[p.TaskReport]:
         """Reports of writes that were pending and have ended since the last call."""
-        with self._lock:
-            done, self._late = self._late, []
-            self._open.difference_update(r.task_id for r in done)
-        return done
+        return self._tasks.finished()
 
     def unreported(self) -> list[int]:
         """Task ids reported ``pending`` whose real report :meth:`finished` has not handed
         out yet (running, or ended since its last call)."""
-        with self._lock:
-            return list(self._open)
-
-    def _loop(self) -> None:
-        while True:
-            job = self._jobs.get()
-            report = (self._write_pack(job.task, job.views, job.epoch) if job.task.op == "pack"
-                      else self._write(job.task, job.views[0], job.epoch))
-            with self._lock:
-                job.report = report
-                if job.late:
-                    self._late.append(report)
-            job.done.set()
+        return self._tasks.unreported()
 
     def _write(self, task: p.Task, view: memoryview, epoch: str) -> p.TaskReport:
         changed = p.TaskReport(task_id=task.task_id, ok=False,
