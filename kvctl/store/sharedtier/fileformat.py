@@ -146,7 +146,7 @@ def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
             views: list[bytearray | memoryview] = [head, dest, bytearray(1)]
             got = os.preadv(fd, views, 0)
             if got < hsize + size:  # a short read: the rest, or the end (torn under us)
-                got = _preadv_all(fd, [memoryview(v) for v in views], key)
+                got = _preadv_all(fd, [memoryview(v) for v in views], 0)
     except OSError as exc:
         raise SharedMissError(f"shared-tier file of {key!r} cannot be read: "
                               f"{errno_name(exc)}", None) from None
@@ -155,13 +155,25 @@ def read_object(path: str | Path, key: str, version: int, csum: int, size: int,
     if got != hsize + size:
         what = "longer than its object" if got > hsize + size else "truncated"
         raise SharedMissError(f"shared-tier file of {key!r} is {what}", None)
+    _check_record("file", key, head, kb, version, csum, size,
+                  data if dest is None else dest)
+    return data if dest is None else None
+
+
+def _check_record(what: str, key: str, head: bytes | bytearray, kb: bytes, version: int,
+                  csum: int, size: int, body: bytes | bytearray | memoryview) -> None:
+    """A record's header against the index's key, size, checksum and version, and its
+    bytes against the checksum (``what``: ``file`` or ``pack record``, for the error).
+
+    Raises:
+        SharedMissError: a header for another object, or bytes that fail the checksum.
+    """
     if not head.startswith(_CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version)) or (
             not head.endswith(kb)):
-        raise SharedMissError(f"shared-tier file of {key!r} has a header for another "
+        raise SharedMissError(f"shared-tier {what} of {key!r} has a header for another "
                               "object (torn or reused)", None)
-    if checksum(data if dest is None else dest) != csum:
-        raise SharedMissError(f"shared-tier file of {key!r} fails its checksum", None)
-    return data if dest is None else None
+    if checksum(body) != csum:
+        raise SharedMissError(f"shared-tier {what} of {key!r} fails its checksum", None)
 
 
 def read_into(path: str | Path, key: str, version: int, csum: int, dest: memoryview) -> None:
@@ -211,26 +223,23 @@ def _reopen(path: str | Path, key: str, exc: OSError) -> int:
                           f"{errno_name(exc)}", "it was evicted or purged") from None
 
 
-def _preadv_all(fd: int, views: list[memoryview], key: str) -> int:
-    """Read into ``views`` from offset 0 until they are full or the file ends; bytes read."""
+def _preadv_all(fd: int, views: list[memoryview], at: int) -> int:
+    """Read into ``views`` in turn from byte ``at`` until they are full or the file ends;
+    bytes read."""
     want = sum(v.nbytes for v in views)
     got = 0
-    try:
-        while got < want:
-            skip, bufs = got, []
-            for v in views:
-                if skip >= v.nbytes:
-                    skip -= v.nbytes
-                    continue
-                bufs.append(v[skip:])
-                skip = 0
-            n = os.preadv(fd, bufs, got)
-            if n == 0:
-                break
-            got += n
-    except OSError as exc:
-        raise SharedMissError(f"shared-tier file of {key!r} cannot be read: "
-                              f"{errno_name(exc)}", None) from None
+    while got < want:
+        skip, bufs = got, []
+        for v in views:
+            if skip >= v.nbytes:
+                skip -= v.nbytes
+                continue
+            bufs.append(v[skip:])
+            skip = 0
+        n = os.preadv(fd, bufs, at + got)
+        if n == 0:
+            break
+        got += n
     return got
 
 
@@ -395,33 +404,15 @@ def read_record(fd: int, at: int, key: str, version: int, csum: int, size: int,
             views = [memoryview(head), dest]
             got = os.preadv(fd, views, at)
             if got < hsize + size:  # a short read: the rest, or the end (cut under us)
-                got = _pread_all(fd, views, at)
+                got = _preadv_all(fd, views, at)
     except OSError as exc:
         raise SharedMissError(f"shared-tier pack record of {key!r} cannot be read: "
                               f"{errno_name(exc)}", None) from None
     if got != hsize + size:
         raise SharedMissError(f"shared-tier pack record of {key!r} is truncated", None)
-    if not head.startswith(_CHECKED.pack(MAGIC, FORMAT, len(kb), size, csum, version)) or (
-            not head.endswith(kb)):
-        raise SharedMissError(f"shared-tier pack record of {key!r} has a header for another "
-                              "object (torn or reused)", None)
-    if checksum(data if dest is None else dest) != csum:
-        raise SharedMissError(f"shared-tier pack record of {key!r} fails its checksum", None)
+    _check_record("pack record", key, head, kb, version, csum, size,
+                  data if dest is None else dest)
     return data if dest is None else None
-
-
-def _pread_all(fd: int, views: list[memoryview], at: int) -> int:
-    """Fill ``views`` in turn from byte ``at`` until full or the file ends; bytes read."""
-    total = 0
-    for view in views:
-        done = 0
-        while done < view.nbytes:
-            n = os.preadv(fd, [view[done:]], at + total + done)
-            if n == 0:
-                return total + done
-            done += n
-        total += done
-    return total
 
 
 def read_pack_offsets(path: str | Path) -> list[int] | None:
