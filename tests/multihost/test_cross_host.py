@@ -207,14 +207,17 @@ def test_the_initiator_keeps_its_own_buffers_off_the_network(nshosts: MakeHosts)
     assert "reachable from other hosts" not in done.stderr
 
 
-def test_a_target_killed_mid_sweep_is_named_in_the_failed_rows(nshosts: MakeHosts) -> None:
+@pytest.mark.parametrize("token", [None, TOKEN], ids=["no-token", "token"])
+def test_a_target_killed_mid_sweep_is_named_in_the_failed_rows(nshosts: MakeHosts,
+                                                               token: str | None) -> None:
     """The rows after a target died say why their requests failed (the engine's cause:
     which target, refused or reset), not only how many; the run ends non-zero in bounded
-    time."""
+    time. With a token on both sides as well (the connection is authenticated first)."""
     net = nshosts(2)
-    proc, info = _target(net[0], "--block-size", "64KiB", "--batch-size", "8")
+    env = {"KVCTL_TOKEN": token} if token else None
+    proc, info = _target(net[0], "--block-size", "64KiB", "--batch-size", "8", env=env)
     initiator = net[1].popen([*shlex.split(info["initiator"]), "--duration", "3s",
-                              "--op", "write", "--json"])
+                              "--op", "write", "--json"], env=env)
     time.sleep(1.5)
     proc.kill()
     proc.wait(timeout=10)
