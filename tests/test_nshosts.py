@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.hosts import MakeHosts, stop
-from tests.fixtures.nshosts import HostNet, HostsUnavailableError
+from tests.fixtures.nshosts import REPO, HostNet, HostsUnavailableError, unavailable_reason
 
 SINK = ("import socket\ns = socket.socket(); s.bind(('0.0.0.0', 9000)); s.listen()\n"
         "print('ready', flush=True)\nc, _ = s.accept(); n = 0\n"
@@ -129,3 +132,43 @@ def test_two_rails_are_separate_links(tmp_path: Path) -> None:
         assert _rail_mbit(net, 1, 32) > 130
         with pytest.raises(ValueError, match=r"rails 0\.\.1"):
             h1.rail_address(2)
+
+
+#: Run by an interpreter under /tmp from a checkout under /tmp: one host runs that interpreter
+#: in that checkout (its default working directory) and says what it sees.
+FROM_TMP = """
+import sys
+from pathlib import Path
+from tests.fixtures.nshosts import HostNet
+with HostNet(1, Path(sys.argv[1])) as net:
+    probe = ("import os, sys, tests.fixtures.nshosts as m; "
+             "print(sys.prefix, m.REPO, os.getcwd(), os.path.exists(sys.argv[1]))")
+    done = net[0].run([sys.executable, "-c", probe, sys.argv[2]], timeout=60)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    sys.exit(done.returncode)
+"""
+
+
+@pytest.mark.integration
+def test_a_checkout_and_a_venv_under_tmp_stay_visible_inside_hosts(tmp_path: Path) -> None:
+    """Cloned into /tmp with its venv there too, hosts still run its interpreter in its
+    checkout, and the rest of /tmp stays private (a file beside the checkout is not seen)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no namespaced hosts here: {reason}")
+    with tempfile.TemporaryDirectory(dir="/tmp", prefix="kvctl-clone-") as where:
+        checkout, venv = Path(where) / "checkout", Path(where) / "venv"
+        for part in ("tests/__init__.py", "tests/fixtures/__init__.py",
+                     "tests/fixtures/nshosts.py"):
+            (checkout / part).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / part, checkout / part)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)],
+                       check=True, timeout=60)
+        beside = Path(where) / "beside"
+        beside.write_text("not for the hosts")
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", FROM_TMP, str(tmp_path),
+                               str(beside)], cwd=checkout, capture_output=True, text=True,
+                              timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == [str(venv), str(checkout), str(checkout), "False"]
