@@ -220,6 +220,8 @@ def _install(engines: Path, *, vllm_dir: Path | None = None, vllm: str = "presen
             sg / "sglang/srt/mem_cache/cpp_utils/native_hash.py",
         "sglang.srt.mem_cache.utils": sg / "sglang/srt/mem_cache/utils.py",
         "sglang.srt.mem_cache.radix_cache": sg / "sglang/srt/mem_cache/radix_cache.py",
+        "sglang.srt.managers.io_struct": sg / "sglang/srt/managers/io_struct.py",
+        "sglang.srt.managers.schedule_batch": sg / "sglang/srt/managers/schedule_batch.py",
         "sglang.srt.lora.lora_registry": sg / "sglang/srt/lora/lora_registry.py",
         "sglang.srt.mem_cache.storage.mooncake_store.mooncake_store":
             sg / "sglang/srt/mem_cache/storage/mooncake_store/mooncake_store.py",
@@ -547,6 +549,80 @@ class _HostPool:
 PAGE_ONE_PROMPTS = ("short", "wide-ids", "salt-empty", "lora-by-path", "salted")
 SGLANG_LAYOUTS = [("mha-pp", False, 1, 1, 2), ("mla", True, 3, 0, 1), ("mla-pp", True, 3, 1, 2)]
 
+#: SGLang storage namespaces (kvctl issue 26): every combination of an absent (None), empty
+#: and non-empty extra_key and cache_salt, without and with a --lora-paths adapter, taken
+#: through each way a value reaches the scheduler's Req: "single" and "batch" are
+#: GenerateReqInput.normalize_batch_and_arguments (HTTP, OpenAI, Engine and gRPC-bridge
+#: requests all pass it), "req" hands the value to Req unnormalized (what the hash does
+#: with a value that skipped io_struct).
+NAMESPACE_TOKENS = _lcg_tokens(40, 21)
+NAMESPACE_EXTRA_KEYS = (None, "", "team-a")
+NAMESPACE_SALTS = (None, "", "tenant-a")
+NAMESPACE_LORAS: tuple[dict[str, str] | None, ...] = (
+    None, {"name": "sql-lora", "path": "/adapters/sql-lora"})
+NAMESPACE_INGRESS = ("single", "batch", "req")
+NAMESPACE_PAGE_SIZE = 16
+
+
+def _sglang_req(io_struct: Any, schedule_batch: Any, lora_registry: Any, tokens: list[int],
+                extra_key: str | None, cache_salt: str | None, lora: dict[str, str] | None,
+                ingress: str) -> Any:
+    """A scheduler ``Req`` for one request, built by SGLang's own code.
+
+    ``GenerateReqInput.normalize_batch_and_arguments`` (io_struct.py) is what
+    ``TokenizerManager.generate_request`` runs first; the tokenizer manager then copies
+    ``extra_key``/``cache_salt`` into ``TokenizedGenerateReqInput`` unchanged and sets
+    ``lora_id`` from its registry (for a ``--lora-paths`` adapter,
+    ``LoRARef.deterministic_id``; an explicit ``id`` stands for a runtime adapter's);
+    the scheduler builds ``Req`` from those (schedule_batch.py ``Req.__init__``).
+    """
+    lora_id = None
+    if lora:
+        lora_id = lora.get("id") or lora_registry.LoRARef.deterministic_id(lora["name"],
+                                                                        lora["path"])
+    if ingress == "req":
+        ek, salt = extra_key, cache_salt
+    else:
+        batch = ingress == "batch"
+
+        def wrap(value: Any) -> Any:
+            return [value] if batch and value is not None else value
+
+        obj = io_struct.GenerateReqInput(
+            input_ids=[tokens] if batch else tokens, extra_key=wrap(extra_key),
+            cache_salt=wrap(cache_salt), lora_path=wrap(lora["name"]) if lora else None)
+        obj.normalize_batch_and_arguments()
+        sub = obj[0] if batch else obj
+        ek, salt = sub.extra_key, sub.cache_salt
+    sampling = types.SimpleNamespace(custom_params=None)
+    return schedule_batch.Req("rid", "", array.array("q", tokens), sampling,
+                              lora_id=lora_id, extra_key=ek, cache_salt=salt)
+
+
+def _sglang_namespace_cases(io_struct: Any, schedule_batch: Any, lora_registry: Any,
+                            radix_cache: Any, mcu: Any) -> list[dict[str, Any]]:
+    cases = []
+    size = NAMESPACE_PAGE_SIZE
+    full = len(NAMESPACE_TOKENS) // size * size
+    for ingress in NAMESPACE_INGRESS:
+        for lora in NAMESPACE_LORAS:
+            for extra_key in NAMESPACE_EXTRA_KEYS:
+                for salt in NAMESPACE_SALTS:
+                    req = _sglang_req(io_struct, schedule_batch, lora_registry,
+                                      NAMESPACE_TOKENS, extra_key, salt, lora, ingress)
+                    # RadixCache.cache_unfinished_req/_insert_key: the tree node's key.
+                    key = radix_cache.RadixKey(array.array("q", NAMESPACE_TOKENS[:full]),
+                                               req.extra_key, cache_salt=req.cache_salt)
+                    cases.append({
+                        "ingress": ingress, "block_size": size,
+                        "extra_key": extra_key, "cache_salt": salt, "lora": lora,
+                        "req_extra_key": req.extra_key, "req_cache_salt": req.cache_salt,
+                        "namespace_seed": mcu.storage_namespace_seed(key.extra_key,
+                                                                     key.cache_salt),
+                        "keys": list(mcu.get_storage_hash_str(key, None, page_size=size)),
+                    })
+    return cases
+
 
 def _sglang_worker(engines: Path, build: Path) -> dict[str, Any]:
     ext_path = _build_sglang_ext(engines, build)
@@ -558,7 +634,8 @@ def _sglang_worker(engines: Path, build: Path) -> dict[str, Any]:
     import sglang.srt.utils.cpp_extension_loader as loader  # a stub module
 
     loader.load_extension_with_recovery = lambda **_kw: ext
-    from sglang.srt.lora.lora_registry import LoRARef
+    from sglang.srt.lora import lora_registry
+    from sglang.srt.managers import io_struct, schedule_batch
     from sglang.srt.mem_cache import radix_cache
     from sglang.srt.mem_cache import utils as mcu
     from sglang.srt.mem_cache.storage.mooncake_store import mooncake_store as ms
@@ -571,17 +648,15 @@ def _sglang_worker(engines: Path, build: Path) -> dict[str, Any]:
                 continue  # a key per token: a few prompts show it
             tokens = prompt["tokens"]
             full = len(tokens) // page_size * page_size
-            lora = prompt.get("lora")
-            # Req.__init__ (schedule_batch.py): extra_key = (extra_key or "") + lora_id,
-            # after io_struct turned an empty extra_key into None. A LoRA without an id
-            # stands for a --lora-paths adapter: its id is LoRARef.deterministic_id.
-            extra_key = prompt.get("extra_key") or None
-            if lora:
-                lora_id = lora.get("id") or LoRARef.deterministic_id(lora["name"], lora["path"])
-                extra_key = (extra_key or "") + lora_id
+            # The request as SGLang's io_struct and Req.__init__ make it (a single
+            # request; a LoRA without an id stands for a --lora-paths adapter).
+            req = _sglang_req(io_struct, schedule_batch, lora_registry, tokens,
+                              prompt.get("extra_key"), prompt.get("cache_salt"),
+                              prompt.get("lora"), "single")
+            extra_key = req.extra_key
             salt = prompt.get("cache_salt")
             key = radix_cache.RadixKey(array.array("q", tokens[:full]), extra_key=extra_key,
-                                       cache_salt=salt)
+                                       cache_salt=req.cache_salt)
             hashes = mcu.get_storage_hash_str(key, None, page_size=page_size) if full else []
             plain = mcu.get_hash_str(tokens[:full], None, page_size=page_size) if full else []
             fake = types.SimpleNamespace(config_prefix="prod_Qwen-Qwen3-8B", mha_suffix="1",
@@ -618,7 +693,9 @@ def _sglang_worker(engines: Path, build: Path) -> dict[str, Any]:
                                     "prompt": prompt["id"], "block_size": page_size,
                                     "backend_tag": "prod", "model": "Qwen/Qwen3-8B",
                                     "keys": object_keys})
-    return {"cases": cases, "mooncake_layouts": layouts}
+    namespaces = _sglang_namespace_cases(io_struct, schedule_batch, lora_registry,
+                                         radix_cache, mcu)
+    return {"cases": cases, "mooncake_layouts": layouts, "namespace_cases": namespaces}
 
 
 # ---------------------------------------------------------------------------- driver
@@ -656,6 +733,16 @@ def _write(name: str, doc: dict[str, Any]) -> None:
     sys.stderr.write(f"wrote {path} ({sum(len(r['cases']) for r in doc['runs'])} cases)\n")
 
 
+def _record_sglang(engines: Path, build: Path, versions: dict[str, str]) -> None:
+    body = _run_worker("sglang", engines, build, None)
+    _write("sglang", _doc("sglang", versions.get("sglang", "unknown"),
+                          [{"pythonhashseed": None, "cases": body["cases"]}],
+                          mooncake_layouts=body["mooncake_layouts"],
+                          namespace_tokens=NAMESPACE_TOKENS,
+                          namespace_cases=body["namespace_cases"]))
+    sys.stderr.write(f"  + {len(body['namespace_cases'])} namespace cases\n")
+
+
 #: PYTHONHASHSEED values: unset, plain, and texts CPython reads by strtoul rules ('+7' and
 #: ' 007' are seed 7, '-0' is 0; '' and 'random' are a random secret, but vLLM hashes the
 #: text itself).
@@ -671,6 +758,8 @@ def main() -> None:
     parser.add_argument("--worker", choices=("vllm", "vllm-era", "lmcache", "sglang"))
     parser.add_argument("--vllm-dir", type=Path)
     parser.add_argument("--lmcache-host", choices=("vllm", "none"), default="vllm")
+    parser.add_argument("--only", choices=("vllm", "lmcache", "sglang"),
+                        help="record this engine's file only (only its wheel is needed)")
     args = parser.parse_args()
     engines = args.engines.resolve()
 
@@ -693,6 +782,9 @@ def main() -> None:
 
     versions = _engine_versions(engines)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    if args.only == "sglang":
+        _record_sglang(engines, args.build, versions)
+        return
     runs = []
     ranks: list[Any] = []
     for seed in (None, "0", "12345"):
@@ -700,6 +792,8 @@ def main() -> None:
         runs.append({"pythonhashseed": seed, "cases": body["cases"]})
         ranks += body["mooncake_ranks"]
     _write("vllm", _doc("vllm", versions.get("vllm", "unknown"), runs, mooncake_ranks=ranks))
+    if args.only == "vllm":
+        return
 
     runs = []
     for seed in LMCACHE_SEEDS:
@@ -710,11 +804,10 @@ def main() -> None:
         runs.append({"pythonhashseed": seed, "lmcache_host": "none", "cases": body["cases"]})
     _write("lmcache", _doc("lmcache", versions.get("lmcache", "unknown"), runs,
                            vllm_version=versions.get("vllm", "unknown")))
+    if args.only == "lmcache":
+        return
 
-    body = _run_worker("sglang", engines, args.build, None)
-    _write("sglang", _doc("sglang", versions.get("sglang", "unknown"),
-                          [{"pythonhashseed": None, "cases": body["cases"]}],
-                          mooncake_layouts=body["mooncake_layouts"]))
+    _record_sglang(engines, args.build, versions)
 
     if args.old_vllm is None:
         return

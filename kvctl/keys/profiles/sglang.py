@@ -10,9 +10,14 @@ How SGLang builds them (``sglang/srt/mem_cache/utils.py`` ``get_hash_str`` /
 - the first page's prior is the *storage namespace*: ``None`` (no prior bytes at all) when
   the request has neither ``extra_key`` nor ``cache_salt``; otherwise
   ``SHA-256(b"sglang-cache-namespace-v1" || part(extra_key) || part(cache_salt))`` with
-  ``part(None) = 00`` and ``part(s) = 01 || len(utf8(s)) as 8-byte little-endian || utf8(s)``.
-  An empty ``extra_key`` or ``cache_salt`` is no value at all (``value or None`` in
-  ``io_struct.py``, ``schedule_batch.py`` and ``radix_cache.py``);
+  ``part(None) = 00`` and ``part(s) = 01 || len(utf8(s)) as 8-byte little-endian || utf8(s)``
+  (``storage_namespace_seed``), taken from the scheduler's ``Req``;
+- an empty ``extra_key`` or ``cache_salt`` in a request is no value at all: every request
+  passes ``GenerateReqInput.normalize_batch_and_arguments`` (``io_struct.py``: ``""`` becomes
+  ``None`` for both fields, single and batch) before it becomes a ``Req``. The hash itself
+  would namespace an empty ``extra_key`` (``Req`` and ``RadixKey`` keep it as given, while
+  they turn an empty ``cache_salt`` into ``None``), but no request path delivers one;
+  :func:`namespace_seed` hashes what reaches it as SGLang's does;
 - ``extra_key`` is the request's extra key with the LoRA id appended
   (``(extra_key or "") + lora_id``). The LoRA id of an adapter from ``--lora-paths`` is
   ``uuid5(NAMESPACE_URL, name + "\\0" + path).hex`` (``LoRARef.deterministic_id``; a bare
@@ -51,7 +56,11 @@ NAMESPACE_DOMAIN = b"sglang-cache-namespace-v1"
 
 
 def namespace_seed(extra_key: str | None, cache_salt: str | None) -> bytes | None:
-    """The digest SGLang seeds a storage chain with (``None``: unnamespaced)."""
+    """The digest SGLang seeds a storage chain with (``None``: unnamespaced).
+
+    ``extra_key`` and ``cache_salt`` are the ``Req``'s (after io_struct and the LoRA id):
+    ``None`` and ``""`` differ here, as in SGLang's ``storage_namespace_seed``.
+    """
     if extra_key is None and cache_salt is None:
         return None
     digest = hashlib.sha256(NAMESPACE_DOMAIN)
@@ -93,8 +102,12 @@ def lora_id(prompt: Prompt, lora: LoraRef, config: KeyConfig) -> str:
 
 
 def request_extra_key(prompt: Prompt, config: KeyConfig) -> str | None:
-    """SGLang's ``Req.extra_key``: the caller's extra key plus the LoRA id."""
-    extra = prompt.extra_key or None  # io_struct: an empty extra_key is none
+    """SGLang's ``Req.extra_key``: the request's extra key plus the LoRA id.
+
+    ``prompt.extra_key`` is the request's field as sent; io_struct turns ``""`` into
+    ``None`` before ``Req.__init__`` appends the LoRA id (``(extra_key or "") + lora_id``).
+    """
+    extra = prompt.extra_key or None  # io_struct.py: an empty extra_key is none
     if prompt.lora is None:
         return extra
     return (extra or "") + lora_id(prompt, prompt.lora, config)
@@ -134,7 +147,7 @@ class _SglangKeyer(Keyer):
         tokens = prompt.tokens
         full = len(tokens) // size * size
         prior = namespace_seed(request_extra_key(prompt, self.config),
-                               prompt.cache_salt or None) or b""
+                               prompt.cache_salt or None) or b""  # io_struct, Req: "" is none
         out: list[bytes] = []
         if full and max(tokens[:full]) > MAX_TOKEN_ID:
             for start in range(0, full, size):
@@ -168,7 +181,8 @@ class SglangProfile(KeyProfile):
     #: another size (SGLang logs the one in force at start).
     default_block_size = 1
     seed_doc = ("no seed: first page hashed alone, or after SHA-256('sglang-cache-namespace-"
-                "v1', extra_key+lora_id, cache_salt) when either is set (empty = unset); "
+                "v1', extra_key+lora_id, cache_salt) when either is set (an empty one in a "
+                "request is unset); "
                 "lora_id = uuid5(name, path) for --lora-paths adapters")
     mixes = frozenset({"lora", "cache_salt", "extra_key", "lora_paths"})
     mooncake_mixes = frozenset({"model", "tp_rank", "store_prefix", "mla", "pp_rank",
