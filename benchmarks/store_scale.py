@@ -356,8 +356,8 @@ def measure_state(state: str, n: int, env: dict[str, str]) -> dict[str, Any]:
 def forget_etcd_state(url: str, cluster_id: str) -> int:
     """Delete a run's keys from etcd (the next run starts on an etcd as empty as this
     one did); etcd's database size before, bytes."""
-    from kvctl.transfer.metadata import key_prefix, open_metadata
-    from kvctl.transfer.metadata.etcd import EtcdMetadata, prefix_range_end
+    from kvctl.metadata import key_prefix, open_metadata
+    from kvctl.metadata.etcd import EtcdMetadata, prefix_range_end
 
     with open_metadata(url, timeout_s=120) as meta:
         assert isinstance(meta, EtcdMetadata)

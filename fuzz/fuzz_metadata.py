@@ -1,4 +1,4 @@
-"""Fuzz kvctl's metadata HTTP server (``kvctl/transfer/metadata/server.py``): HTTP parsing,
+"""Fuzz kvctl's metadata HTTP server (``kvctl/metadata/server.py``): HTTP parsing,
 body limits, signature checks, JSON decoding and the request handlers over both stores.
 
 The first byte picks the mode:
@@ -35,7 +35,7 @@ TOKEN = "fuzz-metadata-" + os.urandom(8).hex()
 CHECK_EVERY = 64
 ROUTES = ("/v1/put", "/v1/get", "/v1/list", "/v1/delete", "/v1/lease/grant",
           "/v1/lease/keepalive", "/v1/lease/revoke", "/v1/health", "/v1/nope")
-_LOGGER = "kvctl.transfer.metadata.server"
+_LOGGER = "kvctl.metadata.server"
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
 
 
@@ -43,7 +43,7 @@ class MetadataHarness:
     """An open in-memory server, an open file-backed server and a token-protected server."""
 
     def __init__(self) -> None:
-        from kvctl.transfer.metadata.server import MetadataServer
+        from kvctl.metadata.server import MetadataServer
 
         self._dir = Path(tempfile.mkdtemp(prefix="kvctl-fuzz-metadata-"))
         self.trap = ErrorTrap([_LOGGER])
@@ -76,7 +76,7 @@ class MetadataHarness:
             self.roundtrip()
 
     def _dispatch(self, server: Any, data: bytes) -> None:
-        from kvctl.transfer.metadata.server import _RefusedError
+        from kvctl.metadata.server import _RefusedError
 
         if not data:
             return
@@ -113,7 +113,7 @@ class MetadataHarness:
 
     def roundtrip(self) -> None:
         """A well-formed client puts and gets a key on each open server."""
-        from kvctl.transfer.metadata import open_metadata
+        from kvctl.metadata import open_metadata
 
         for server in (self.memory, self.files):
             key = f"kvctl/fuzz-check/{os.urandom(4).hex()}"
@@ -193,10 +193,10 @@ def main() -> None:
     logging.getLogger("kvctl").setLevel(logging.ERROR)
     logging.getLogger(_LOGGER).setLevel(logging.ERROR)
     with atheris.instrument_imports(include=["kvctl"]):
-        import kvctl.net.auth
-        import kvctl.transfer.metadata.file
-        import kvctl.transfer.metadata.memory
-        import kvctl.transfer.metadata.server  # noqa: F401
+        import kvctl.metadata.file
+        import kvctl.metadata.memory
+        import kvctl.metadata.server
+        import kvctl.net.auth  # noqa: F401
     from fuzz._util import run_atheris
 
     run_atheris(TestOneInput, sys.argv)

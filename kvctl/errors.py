@@ -75,3 +75,11 @@ class NotFoundError(KvctlError):
     """The thing asked for does not exist (segment, key, device). Distinct from failure."""
 
     exit_code = ExitCode.CHECK_FAILED
+
+
+class TransferError(KvctlError):
+    """Base of transfer-engine failures that are not usage errors."""
+
+
+class AuthError(TransferError):
+    """The target refused the connection's authentication (wrong or missing token)."""

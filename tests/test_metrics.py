@@ -5,9 +5,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvctl.errors import UsageError
+from kvctl.metadata import open_metadata
+from kvctl.metadata.server import MetadataServer
 from kvctl.metrics import ServerMetrics
-from kvctl.transfer.metadata import open_metadata
-from kvctl.transfer.metadata.server import MetadataServer
 
 
 def sample(text: str, name: str, **labels: str) -> float:

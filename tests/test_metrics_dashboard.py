@@ -52,11 +52,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> frozenset[str]:
     with a shared tier, whose metrics a master without one does not export)."""
     from kvctl.cluster.agent import Agent
     from kvctl.cluster.protocol import HostRecord
+    from kvctl.metadata import open_metadata
+    from kvctl.metadata.server import MetadataServer
     from kvctl.store.embedded import EmbeddedStore
     from kvctl.store.metrics import node_metrics, watch_node
     from kvctl.store.settings import StoreSettings
-    from kvctl.transfer.metadata import open_metadata
-    from kvctl.transfer.metadata.server import MetadataServer
 
     names: set[str] = set()
     settings = StoreSettings(listen="127.0.0.1:0", capacity=4 << 20, metrics_port=0,

@@ -109,9 +109,9 @@ class BenchTarget:
             UsageError: bad listen address or location; the segment name is taken.
             UnavailableError: shared memory, file or GPU cannot be used.
         """
+        from kvctl.metadata import MetadataServer
+        from kvctl.metadata.base import service_host
         from kvctl.transfer.engine import TransferEngine
-        from kvctl.transfer.metadata import MetadataServer
-        from kvctl.transfer.metadata.base import service_host
 
         spec = self.spec
         location = parse_location(spec.location, what="remote location")

@@ -6,7 +6,7 @@ The agent
    token it refuses to join a cluster that has one; with one it writes the policy if there
    is none, and refuses a cluster that runs with another token;
 2. registers its :class:`~kvctl.cluster.protocol.HostRecord` and a liveness key under a lease
-   (:class:`~kvctl.transfer.metadata.LeaseKeeper`): killed, it vanishes within the TTL;
+   (:class:`~kvctl.metadata.LeaseKeeper`): killed, it vanishes within the TTL;
 3. watches ``jobs/<host>/`` (pushed by etcd and ``memory://``, polled every ``poll_s``
    seconds elsewhere) and runs each new job in a thread of its own: the job's signature
    is checked first (a job a client without the token wrote is refused, with the reason
@@ -49,11 +49,10 @@ from kvctl.cluster.protocol import (
     seal,
     unseal,
 )
-from kvctl.errors import KvctlError, UsageError
+from kvctl.errors import AuthError, KvctlError, UsageError
+from kvctl.metadata import LeaseKeeper, MetadataClient, MetadataError
+from kvctl.metadata.watch import Watch, apply_changes
 from kvctl.metrics import ServerMetrics
-from kvctl.transfer.errors import AuthError
-from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, MetadataError
-from kvctl.transfer.metadata.watch import Watch, apply_changes
 
 _log = logging.getLogger("kvctl.cluster")
 
@@ -287,7 +286,7 @@ class Agent:
     def _poll_loop(self) -> None:
         """Follow ``jobs/<host>/`` through a watch: pushed by etcd (a job starts within
         milliseconds of being posted) or polled every ``poll_s`` where the service cannot
-        push (:mod:`kvctl.transfer.metadata.watch`)."""
+        push (:mod:`kvctl.metadata.watch`)."""
         prefix = self.keys.jobs_prefix(self.hostname)
         jobs: dict[str, bytes] = {}
         while not self._stop.is_set():

@@ -2,7 +2,7 @@
 
 A :class:`Coordinator` holds one lease for the run: every job it posts rides on it, so if the
 client dies (or is interrupted) its jobs vanish and the agents stop serving. It follows the
-run's statuses and the liveness keys through one watch (:mod:`kvctl.transfer.metadata.watch`):
+run's statuses and the liveness keys through one watch (:mod:`kvctl.metadata.watch`):
 pushed by etcd, so a status or a vanished host is seen within milliseconds and an idle run
 reads nothing; polled every ``poll_s`` (two range reads, whatever the cluster's size) where
 the service cannot push. A host whose liveness key is gone (its agent's lease expired) makes
@@ -36,10 +36,9 @@ from kvctl.cluster.protocol import (
     seal,
     unseal,
 )
-from kvctl.errors import KvctlError, UsageError
-from kvctl.transfer.errors import AuthError
-from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, MetadataError
-from kvctl.transfer.metadata.watch import Snapshot, Watch, apply_changes
+from kvctl.errors import AuthError, KvctlError, UsageError
+from kvctl.metadata import LeaseKeeper, MetadataClient, MetadataError
+from kvctl.metadata.watch import Snapshot, Watch, apply_changes
 
 _log = logging.getLogger("kvctl.cluster")
 

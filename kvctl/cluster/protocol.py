@@ -35,10 +35,9 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from kvctl.errors import UsageError
+from kvctl.errors import AuthError, UsageError
+from kvctl.metadata import key_prefix
 from kvctl.net import auth
-from kvctl.transfer.errors import AuthError
-from kvctl.transfer.metadata import key_prefix
 
 #: HMAC context of every cluster document.
 SIGN_CONTEXT = b"kvctl-cluster/1"

@@ -13,7 +13,7 @@ import dataclasses
 
 from kvctl.cluster.protocol import ClusterKeys, HostRecord, peek, unseal
 from kvctl.errors import KvctlError
-from kvctl.transfer.metadata import MetadataClient
+from kvctl.metadata import MetadataClient
 
 
 @dataclasses.dataclass(frozen=True)

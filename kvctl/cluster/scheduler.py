@@ -187,7 +187,7 @@ class PlanFigures:
         lease_renewals_per_s: keepalives of every agent's and the client's lease (each renews
             three times per TTL).
         reads_per_s: reads per second. With watches (etcd), the watch streams reopened
-            after :data:`~kvctl.transfer.metadata.etcd.WATCH_IDLE_S` of silence, at most
+            after :data:`~kvctl.metadata.etcd.WATCH_IDLE_S` of silence, at most
             (``(hosts + 2) / 30``); without (file, http, Redis), polls: every agent lists
             its jobs once per ``agent_poll_s``, the client its statuses and the liveness
             keys once per ``client_poll_s``.
@@ -250,7 +250,7 @@ def plan_figures(hosts: int, *, pair_duration_s: float, mode: str = "rounds",
     else:
         rounds = math.ceil(count / per_round)
     per_round = min(per_round, count)
-    from kvctl.transfer.metadata.etcd import WATCH_IDLE_S
+    from kvctl.metadata.etcd import WATCH_IDLE_S
 
     overhead = TARGET_START_S + (4 * PUSH_S if watch else 2 * agent_poll_s + 2 * client_poll_s)
     step = pair_duration_s + overhead

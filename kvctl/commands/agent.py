@@ -64,11 +64,11 @@ def agent(
     from kvctl.cluster.agent import Agent
     from kvctl.cluster.facts import collect_facts
     from kvctl.cluster.jobs import default_handlers
+    from kvctl.metadata import open_metadata
+    from kvctl.metadata.base import service_host
     from kvctl.metrics import ServerMetrics
     from kvctl.net.advertise import join_host_port
     from kvctl.net.bind import is_unspecified, parse_listen
-    from kvctl.transfer.metadata import open_metadata
-    from kvctl.transfer.metadata.base import service_host
 
     opts = global_options(ctx)
     out = opts.output(json_mode=json_out)

@@ -58,7 +58,7 @@ def _session(opts: GlobalOptions, metadata: str | None, *, poll_s: float = 0.2,
     from kvctl.cluster.coordinator import Coordinator
     from kvctl.cluster.protocol import ClusterKeys
     from kvctl.cluster.registry import read_hosts
-    from kvctl.transfer.metadata import open_metadata
+    from kvctl.metadata import open_metadata
 
     url, common = _url(opts, metadata)
     keys = ClusterKeys(common.cluster_id)
@@ -91,7 +91,7 @@ def ls(ctx: typer.Context, metadata: MetadataOpt = None, json_out: JsonOpt = Fal
     from kvctl.cluster.agent import check_policy
     from kvctl.cluster.protocol import ClusterKeys
     from kvctl.cluster.registry import read_hosts
-    from kvctl.transfer.metadata import open_metadata
+    from kvctl.metadata import open_metadata
 
     opts = global_options(ctx)
     out = opts.output(json_mode=json_out)

@@ -14,11 +14,11 @@ from rich.text import Text
 from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.config import CommonSettings
 from kvctl.errors import NotFoundError, UsageError
+from kvctl.metadata import MetadataServer, MetadataSettings, key_prefix, open_configured
+from kvctl.metadata.settings import DEFAULT_PORT
 from kvctl.metrics import ServerMetrics
 from kvctl.net.bind import parse_listen
 from kvctl.output import Output
-from kvctl.transfer.metadata import MetadataServer, MetadataSettings, key_prefix, open_configured
-from kvctl.transfer.metadata.settings import DEFAULT_PORT
 from kvctl.wording import plural
 
 app = typer.Typer(help="kvctl's metadata server, and what is published in a metadata service.\n\n"

@@ -12,9 +12,9 @@ from rich.text import Text
 from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.commands.metadata import shared_metadata
 from kvctl.config import CommonSettings
+from kvctl.metadata import MetadataSettings, open_configured
 from kvctl.transfer.admin import list_segments, lookup_segment, remove_segment
 from kvctl.transfer.engine import TransferEngine
-from kvctl.transfer.metadata import MetadataSettings, open_configured
 from kvctl.transfer.segments import SegmentInfo
 from kvctl.transfer.settings import SegmentSettings
 from kvctl.units import format_size

@@ -19,10 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvctl.errors import KvctlError, UsageError
+from kvctl.metadata import key_prefix, open_metadata
 from kvctl.probe.nvml import NvmlBackend, PynvmlBackend
 from kvctl.probe.types import Unavailable
 from kvctl.probe.verbs import PyverbsBackend, VerbsBackend
-from kvctl.transfer.metadata import key_prefix, open_metadata
 
 _log = logging.getLogger("kvctl.doctor")
 

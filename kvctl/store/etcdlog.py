@@ -37,6 +37,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import msgspec
 
+from kvctl.metadata import MetadataError
+from kvctl.metadata.etcd import EtcdMetadata, prefix_range_end
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.statebase import (
     DeleteNode,
@@ -47,8 +49,6 @@ from kvctl.store.statebase import (
     Snapshot,
     StateMovedError,
 )
-from kvctl.transfer.metadata import MetadataError
-from kvctl.transfer.metadata.etcd import EtcdMetadata, prefix_range_end
 
 _log = logging.getLogger("kvctl.store.state")
 

@@ -377,8 +377,8 @@ class MasterSet:
     def _discover(self) -> str | None:
         """Read the leader from etcd into :attr:`addresses`; why there is none, or
         ``None``."""
+        from kvctl.metadata import MetadataError
         from kvctl.store.master.election import read_leader
-        from kvctl.transfer.metadata import MetadataError
 
         assert self._etcd is not None
         url, cluster = self._etcd

@@ -141,7 +141,7 @@ def lead_now(settings: StoreSettings, *, token: str | None, cluster_id: str
         StoreUnavailableError: another master leads (named), etcd cannot be reached, or
             the listen address cannot be bound.
     """
-    from kvctl.transfer.metadata.base import MetadataError
+    from kvctl.metadata.base import MetadataError
 
     host, bound, sock, election = _candidate(settings, token=token, cluster_id=cluster_id)
     try:

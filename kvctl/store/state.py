@@ -3,7 +3,7 @@
 - ``none`` (:class:`NoState`): nothing is kept (tests, throwaway stores).
 - ``DIR`` / ``file:///DIR`` (:class:`~kvctl.store.journal.JournalState`): journal segments
   plus snapshots written in the background from the master's live view.
-- ``etcd://HOST:PORT`` (or any :func:`~kvctl.transfer.metadata.open_metadata` URL):
+- ``etcd://HOST:PORT`` (or any :func:`~kvctl.metadata.open_metadata` URL):
   :class:`~kvctl.store.writebehind.MetadataState`, written behind the master's lock in
   ordered batches, each one etcd key of a log over background snapshots under
   ``kvctl/store/`` (:mod:`kvctl.store.etcdlog`), so a standby master on another host can

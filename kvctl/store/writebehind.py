@@ -61,7 +61,7 @@ from kvctl.store.statebase import (
 )
 
 if TYPE_CHECKING:
-    from kvctl.transfer.metadata.etcd import EtcdMetadata
+    from kvctl.metadata.etcd import EtcdMetadata
 
 _log = logging.getLogger("kvctl.store.state")
 
@@ -112,8 +112,8 @@ class MetadataState(StateBackend):
                  compact_min: int = 100_000, snapshot_chunk_bytes: int = CHUNK_BYTES,
                  fence: tuple[str, int] | None = None,
                  on_fenced: Callable[[str], None] | None = None) -> None:
-        from kvctl.transfer.metadata import key_prefix, open_metadata
-        from kvctl.transfer.metadata.etcd import EtcdMetadata
+        from kvctl.metadata import key_prefix, open_metadata
+        from kvctl.metadata.etcd import EtcdMetadata
 
         self.description = f"metadata {url}"
         self._url = url
@@ -176,8 +176,8 @@ class MetadataState(StateBackend):
 
     def _loader(self) -> EtcdMetadata:
         """An etcd client of its own for loading, its timeout sized to a page."""
-        from kvctl.transfer.metadata import MetadataError, open_metadata
-        from kvctl.transfer.metadata.etcd import EtcdMetadata
+        from kvctl.metadata import MetadataError, open_metadata
+        from kvctl.metadata.etcd import EtcdMetadata
 
         try:
             loader = open_metadata(self._url, token=self._token,
@@ -193,7 +193,7 @@ class MetadataState(StateBackend):
         return loader
 
     def replay(self) -> Iterator[JournalEntry]:
-        from kvctl.transfer.metadata import MetadataError
+        from kvctl.metadata import MetadataError
 
         if self._etcd is None:
             for prefix, kind in OLD_LAYOUT:
@@ -330,7 +330,7 @@ class MetadataState(StateBackend):
         return self._stop or any(k not in self._busy for k in self._queue)
 
     def _writer(self) -> None:
-        from kvctl.transfer.metadata import MetadataError
+        from kvctl.metadata import MetadataError
 
         delay = 0.0
         while True:
@@ -414,7 +414,7 @@ class MetadataState(StateBackend):
 
     def _learn_revision(self) -> str | None:
         """Learn etcd's revision to number log batches by; why not, when etcd failed."""
-        from kvctl.transfer.metadata import MetadataError
+        from kvctl.metadata import MetadataError
 
         assert self._etcd is not None
         try:

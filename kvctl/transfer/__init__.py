@@ -1,10 +1,11 @@
-"""Embedded transfer engine: segments, metadata service, batched READ/WRITE transports.
+"""Embedded transfer engine: segments, batched READ/WRITE transports (the metadata service
+they publish in is :mod:`kvctl.metadata`, a layer of its own).
 
 The public API (see ``docs/transfer.md``)::
 
     from kvctl.transfer import OpCode, TransferEngine, TransferRequest
 
-Names are imported lazily, so ``import kvctl.transfer.metadata`` stays light.
+Names are imported lazily, so ``import kvctl.transfer.errors`` stays light.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from kvctl.errors import AuthError, TransferError
     from kvctl.transfer.batch import (
         Batch,
         BatchResult,
@@ -23,11 +25,9 @@ if TYPE_CHECKING:
     )
     from kvctl.transfer.engine import Notification, SegmentHandle, TransferEngine
     from kvctl.transfer.errors import (
-        AuthError,
         BusyError,
         OutOfRangeError,
         SegmentNotFoundError,
-        TransferError,
         TransferFailedError,
         TransferTimeoutError,
         TransportUnavailableError,
@@ -39,8 +39,8 @@ _EXPORTS = {
     "Batch": "batch", "BatchResult": "batch", "OpCode": "batch", "RequestStatus": "batch",
     "TransferRequest": "batch", "TransferState": "batch",
     "Notification": "engine", "SegmentHandle": "engine", "TransferEngine": "engine",
-    "AuthError": "errors", "BusyError": "errors", "OutOfRangeError": "errors",
-    "SegmentNotFoundError": "errors", "TransferError": "errors",
+    "AuthError": "kvctl.errors", "BusyError": "errors", "OutOfRangeError": "errors",
+    "SegmentNotFoundError": "errors", "TransferError": "kvctl.errors",
     "TransferFailedError": "errors", "TransferTimeoutError": "errors",
     "TransportUnavailableError": "errors",
     "RetryPolicy": "paths", "BufferInfo": "segments", "SegmentInfo": "segments",
@@ -74,4 +74,6 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'kvctl.transfer' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"kvctl.transfer.{module}"), name)
+    if not module.startswith("kvctl."):  # a module of this package
+        module = f"kvctl.transfer.{module}"
+    return getattr(importlib.import_module(module), name)

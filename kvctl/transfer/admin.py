@@ -7,8 +7,8 @@ import logging
 from pathlib import Path
 
 from kvctl.errors import UsageError
+from kvctl.metadata import MetadataClient, key_prefix
 from kvctl.transfer.errors import SegmentNotFoundError
-from kvctl.transfer.metadata import MetadataClient, key_prefix
 from kvctl.transfer.segments import SHM_DIR, SegmentInfo, host_id
 from kvctl.transfer.shmfiles import delete_if_unowned, pid_alive
 

@@ -29,7 +29,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
 
-from kvctl.errors import KvctlError, UsageError
+from kvctl.errors import AuthError, KvctlError, TransferError, UsageError
+from kvctl.metadata import LeaseKeeper, MetadataClient, key_prefix, open_metadata
+from kvctl.metadata.base import service_host
 from kvctl.net.advertise import advertised_addresses, default_listen
 from kvctl.net.bind import is_loopback, parse_listen
 from kvctl.net.framing import FrameError
@@ -37,17 +39,13 @@ from kvctl.transfer import protocol
 from kvctl.transfer.admin import list_segments, lookup_segment, segment_key
 from kvctl.transfer.batch import Batch, BatchResult, OpCode, RequestStatus, TransferRequest
 from kvctl.transfer.errors import (
-    AuthError,
     BusyError,
     OutOfRangeError,
     SegmentNotFoundError,
-    TransferError,
     TransferFailedError,
     TransferTimeoutError,
     TransportUnavailableError,
 )
-from kvctl.transfer.metadata import LeaseKeeper, MetadataClient, key_prefix, open_metadata
-from kvctl.transfer.metadata.base import service_host
 from kvctl.transfer.paths import RetryPolicy
 from kvctl.transfer.segments import (
     BufferInfo,
@@ -146,7 +144,7 @@ class TransferEngine:
         retry: retry/pause policy for failed slices and paths.
         timeout_s: a request whose path makes no progress for this long becomes TIMEOUT.
         lease_ttl_s: TTL of the lease published segments live under (a
-            :class:`~kvctl.transfer.metadata.LeaseKeeper` renews it every third).
+            :class:`~kvctl.metadata.LeaseKeeper` renews it every third).
         rdma_devices: RDMA NICs to use and nothing else (``mlx5_0`` or ``mlx5_0:1``, in
             order of preference; default: every usable port, chosen per buffer by topo's
             ranking).

@@ -2,15 +2,14 @@
 
 "Not found" (:class:`SegmentNotFoundError`) is distinct from "failed"
 (:class:`TransferFailedError`); a busy resource (:class:`BusyError`) is distinct from both.
+Their base :class:`~kvctl.errors.TransferError` and :class:`~kvctl.errors.AuthError` live in
+:mod:`kvctl.errors`, where the metadata layer, the cluster and the bench drivers raise them
+too without importing the transfer engine.
 """
 
 from __future__ import annotations
 
-from kvctl.errors import KvctlError, NotFoundError, UnavailableError, UsageError
-
-
-class TransferError(KvctlError):
-    """Base of transfer-engine failures that are not usage errors."""
+from kvctl.errors import NotFoundError, TransferError, UnavailableError, UsageError
 
 
 class SegmentNotFoundError(NotFoundError):
@@ -35,7 +34,3 @@ class TransferFailedError(TransferError):
 
 class TransferTimeoutError(TransferError):
     """Waiting for a batch ran past its deadline; the requests may still be in flight."""
-
-
-class AuthError(TransferError):
-    """The target refused the connection's authentication (wrong or missing token)."""

@@ -24,9 +24,8 @@ from kvctl.bench.runner import plan_for
 from kvctl.bench.spec import BenchSettings, build_sweep
 from kvctl.bench.target import TargetSpec
 from kvctl.bench.verify import IntegrityError
-from kvctl.errors import ExitCode, KvctlError, UnavailableError, UsageError
-from kvctl.transfer.errors import AuthError
-from kvctl.transfer.metadata import MetadataError, MetadataServer, open_metadata
+from kvctl.errors import AuthError, ExitCode, KvctlError, UnavailableError, UsageError
+from kvctl.metadata import MetadataError, MetadataServer, open_metadata
 
 TARGET = ForeignTarget(engine="nixl", transport="tcp", used="ucx-tcp", host="198.18.0.1",
                        address=0x7F00_0000_1000, region_bytes=1 << 20,

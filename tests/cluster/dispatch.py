@@ -29,7 +29,7 @@ import json, sys, time
 from kvctl.cluster.coordinator import Coordinator
 from kvctl.cluster.protocol import KEYS, ClusterKeys, KeysParams
 from kvctl.cluster.runbook import builtin_prompts
-from kvctl.transfer.metadata import open_metadata
+from kvctl.metadata import open_metadata
 
 url, host, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rows = []

@@ -16,7 +16,7 @@ import pytest
 
 from kvctl.cluster.agent import Agent
 from kvctl.cluster.protocol import BENCH, TARGET
-from kvctl.transfer.metadata import open_metadata
+from kvctl.metadata import open_metadata
 from tests.cluster.test_protocol import fake_bench, fake_target, record
 from tests.fixtures.cli import CliResult
 

@@ -16,7 +16,7 @@ from kvctl.cluster.jobs import default_handlers, object_content, sweep_from
 from kvctl.cluster.protocol import ClusterKeys
 from kvctl.cluster.registry import read_hosts
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata import open_metadata
+from kvctl.metadata import open_metadata
 
 SWEEP = Sweep(ops=(Op.READ, Op.WRITE), transports=("tcp",), block_sizes_bytes=(64 << 10,),
               batch_sizes=(4,), duration_s=0.05, warmup_batches=1, verify=True, local=CPU0,

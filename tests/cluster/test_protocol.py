@@ -40,8 +40,8 @@ from kvctl.cluster.protocol import (
 )
 from kvctl.cluster.registry import read_hosts
 from kvctl.cluster.scheduler import WRITES_PER_PAIR, plan_figures
-from kvctl.transfer.errors import AuthError
-from kvctl.transfer.metadata import LeaseId, MetadataClient, open_metadata
+from kvctl.errors import AuthError
+from kvctl.metadata import LeaseId, MetadataClient, open_metadata
 
 TOKEN = "protocol-secret-1"
 

@@ -25,7 +25,7 @@ from kvctl.cluster.protocol import (
     TargetParams,
     TargetReady,
 )
-from kvctl.transfer.metadata import MetadataClient, MetadataError, open_metadata
+from kvctl.metadata import MetadataClient, MetadataError, open_metadata
 from tests.cluster.test_protocol import record
 from tests.fixtures.servers import ServerProcess
 

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvctl.errors import AuthError
 from kvctl.net import auth
 from kvctl.net.framing import FrameError, recv_exact
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest
 from kvctl.transfer import protocol as p
-from kvctl.transfer.errors import AuthError
 from kvctl.transfer.transports import tcp
 from tests.transfer._helpers import memory_url
 

@@ -1,4 +1,4 @@
-"""Bad input on kvctl's metadata HTTP server (kvctl/transfer/metadata/server.py).
+"""Bad input on kvctl's metadata HTTP server (kvctl/metadata/server.py).
 
 Properties: any JSON body on any route gets the server's own 4xx/5xx refusal or a JSON
 answer, never another exception; raw HTTP of any shape is answered or dropped without a

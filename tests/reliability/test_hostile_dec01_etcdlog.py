@@ -19,13 +19,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from kvctl.metadata import open_metadata
+from kvctl.metadata.etcd import EtcdMetadata
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
 from kvctl.store.statebase import JournalEntry
 from kvctl.store.writebehind import read_state
-from kvctl.transfer.metadata import open_metadata
-from kvctl.transfer.metadata.etcd import EtcdMetadata
 from tests.fixtures.servers import ServerProcess, make_etcd
 
 pytestmark = pytest.mark.integration
@@ -596,7 +596,7 @@ def test_a_deleted_manifest_stops_the_load(etcd_url: str) -> None:
 def test_etcd_over_its_quota_is_an_error_that_says_how_to_recover(tmp_path: Path) -> None:
     """etcd past --quota-backend-bytes refuses every write with 'database space exceeded';
     the error used to end with a hint to check etcd's version. Now it says what to run."""
-    from kvctl.transfer.metadata import MetadataError
+    from kvctl.metadata import MetadataError
 
     etcd: ServerProcess = make_etcd(tmp_path)
     etcd.argv += ["--quota-backend-bytes", str(1 << 20)]

@@ -11,16 +11,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvctl.errors import AuthError, TransferError
 from kvctl.net import auth
 from kvctl.net.framing import FrameError, recv_exact
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest
 from kvctl.transfer import protocol as p
-from kvctl.transfer.errors import (
-    AuthError,
-    OutOfRangeError,
-    TransferError,
-    TransferFailedError,
-)
+from kvctl.transfer.errors import OutOfRangeError, TransferFailedError
 from kvctl.transfer.paths import RetryPolicy
 from kvctl.transfer.transports import tcp
 from tests.transfer._helpers import memory_url

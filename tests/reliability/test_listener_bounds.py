@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvctl.metadata import MetadataServer, open_metadata
 from kvctl.net.limits import PendingLimit
 from kvctl.store import server as store_server
 from kvctl.store.client import StoreClient
@@ -29,7 +30,6 @@ from kvctl.transfer import engine as engine_mod
 from kvctl.transfer import server as target_server
 from kvctl.transfer.batch import OpCode, TransferRequest
 from kvctl.transfer.engine import TransferEngine
-from kvctl.transfer.metadata import MetadataServer, open_metadata
 
 TOKEN = "bounds-" + uuid.uuid4().hex
 

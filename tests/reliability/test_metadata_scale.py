@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-import kvctl.transfer.metadata.redis_backend as redis_backend
-from kvctl.transfer.metadata import LeaseId, MetadataClient, open_metadata
-from kvctl.transfer.metadata.memory import MemoryMetadata
+import kvctl.metadata.redis_backend as redis_backend
+from kvctl.metadata import LeaseId, MetadataClient, open_metadata
+from kvctl.metadata.memory import MemoryMetadata
 
 
 def _best(fn: Callable[[], object], rounds: int = 200) -> float:

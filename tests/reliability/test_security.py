@@ -23,6 +23,9 @@ from kvctl.keys.chain import SeedFields
 from kvctl.keys.profiles import KeyConfig, known_profiles
 from kvctl.keys.prompts import Prompt
 from kvctl.keys.selfcheck import tenant_isolation
+from kvctl.metadata import MetadataServer, open_metadata
+from kvctl.metadata.base import MetadataError
+from kvctl.metadata.settings import MetadataSettings
 from kvctl.net import auth
 from kvctl.net.bind import parse_listen
 from kvctl.store.client import StoreClient
@@ -33,9 +36,6 @@ from kvctl.store.server import MasterServer
 from kvctl.store.settings import StoreSettings
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest
 from kvctl.transfer import protocol as tp
-from kvctl.transfer.metadata import MetadataServer, open_metadata
-from kvctl.transfer.metadata.base import MetadataError
-from kvctl.transfer.metadata.settings import MetadataSettings
 from kvctl.transfer.server import TargetServer
 from kvctl.transfer.settings import SegmentSettings
 from tests.fixtures.cli import CliResult

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from kvctl.metadata import open_metadata
 from kvctl.transfer.admin import segment_key
 from kvctl.transfer.batch import OpCode, TransferRequest
 from kvctl.transfer.engine import TransferEngine
-from kvctl.transfer.metadata import open_metadata
 from kvctl.transfer.segments import DescriptorAuthError, SegmentInfo
 
 TOKEN = "desc-" + uuid.uuid4().hex

@@ -91,8 +91,8 @@ def test_exists_and_remove_split_batches_above_the_master_limit(cluster: Cluster
 def test_failed_direct_moves_fall_back_to_batches(cluster: Cluster) -> None:
     """A single value moves without a batch (TransferEngine.move_direct); when that fails
     (a cut connection, say), the put or get runs as a batch, which retries."""
+    from kvctl.errors import TransferError
     from kvctl.transfer.batch import OpCode
-    from kvctl.transfer.errors import TransferError
 
     cluster.add_node("a")
     with StoreClient(cluster.address, transport="tcp") as c:

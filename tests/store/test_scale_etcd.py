@@ -11,6 +11,8 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
+from kvctl.metadata import open_metadata
+from kvctl.metadata.etcd import EtcdMetadata
 from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreUnavailableError
@@ -19,8 +21,6 @@ from kvctl.store.rpc import MasterConnection
 from kvctl.store.server import MasterServer
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
 from kvctl.store.writebehind import read_state
-from kvctl.transfer.metadata import open_metadata
-from kvctl.transfer.metadata.etcd import EtcdMetadata
 from tests.fixtures.servers import ServerProcess
 from tests.store.conftest import Cluster, wait_for
 

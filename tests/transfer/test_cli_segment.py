@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from kvctl.metadata import open_metadata
 from kvctl.transfer.admin import segment_key
-from kvctl.transfer.metadata import open_metadata
 from kvctl.transfer.segments import BufferInfo, SegmentInfo, host_id
 
 ROOT = Path(__file__).resolve().parents[2]

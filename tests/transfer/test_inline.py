@@ -131,7 +131,8 @@ def test_move_direct_reads_and_writes_unregistered_buffers(target: TransferEngin
                                                           url: str) -> None:
     """One value, no batch: straight between any buffer and the target, bounds checked
     before anything is sent, refusals and non-tcp targets reported as errors."""
-    from kvctl.transfer.errors import OutOfRangeError, TransferError, UsageError
+    from kvctl.errors import TransferError
+    from kvctl.transfer.errors import OutOfRangeError, UsageError
 
     with TransferEngine("i", url, transport="tcp") as ini:
         data = pattern(6, 0, 0, 65536)
@@ -172,7 +173,7 @@ def _unregistered(engine: TransferEngine, name: str) -> bool:
 
 
 def test_move_direct_failure_leaves_the_path_for_a_batch(url: str) -> None:
-    from kvctl.transfer.errors import TransferError
+    from kvctl.errors import TransferError
 
     # the proxy cuts the first connection mid-payload
     with behind_proxy(url, "remote", SIZE, cut_after=1000) as (tgt, proxy), \

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from kvctl.metadata import open_metadata
 from kvctl.transfer import OpCode, SegmentNotFoundError, TransferEngine, TransferRequest
-from kvctl.transfer.metadata import open_metadata
 from tests.transfer._helpers import pattern, wait_until
 from tests.transfer._target_proc import BLOCK, RUN
 

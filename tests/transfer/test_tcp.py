@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from kvctl.errors import AuthError
 from kvctl.net import auth
 from kvctl.net.framing import recv_exact
 from kvctl.transfer import OpCode, TransferEngine, TransferRequest, TransferState
 from kvctl.transfer import protocol as p
-from kvctl.transfer.errors import AuthError
 from kvctl.transfer.paths import PathHealth, RetryPolicy, slice_ranges
 from kvctl.transfer.segments import DescriptorAuthError
 from tests.transfer._helpers import behind_proxy, memory_url

@@ -38,13 +38,12 @@ import psutil
 from kvctl.bench.child import ChildProcess
 from kvctl.bench.engines.base import DriverPlan, EngineDriver, PathInfo
 from kvctl.bench.engines.region import LocalRegion, check_gpu
-from kvctl.errors import KvctlError, UnavailableError, UsageError
+from kvctl.errors import AuthError, KvctlError, UnavailableError, UsageError
+from kvctl.metadata import key_prefix, open_metadata
 from kvctl.nativelog import component_of, send_native_output_to_log
 from kvctl.net import auth
 from kvctl.net.advertise import route_source
 from kvctl.net.bind import LOOPBACK, is_loopback
-from kvctl.transfer.errors import AuthError
-from kvctl.transfer.metadata import key_prefix, open_metadata
 from kvctl.units import format_size
 
 _log = logging.getLogger("kvctl.bench")

@@ -23,9 +23,9 @@ from kvctl.bench.engines.region import check_gpu
 from kvctl.bench.spec import Op
 from kvctl.bench.target import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec, rdma_options
 from kvctl.errors import UsageError
+from kvctl.metadata.base import MetadataError
 from kvctl.net.advertise import host_of
 from kvctl.net.bind import is_loopback
-from kvctl.transfer.metadata.base import MetadataError
 from kvctl.units import format_size
 
 _log = logging.getLogger("kvctl.bench")

@@ -121,7 +121,7 @@ class TargetSet:
         return self.info
 
     def _start(self) -> ServedTargets:
-        from kvctl.transfer.metadata import LeaseKeeper, MetadataServer, open_metadata
+        from kvctl.metadata import LeaseKeeper, MetadataServer, open_metadata
 
         spec = self.spec
         address: str | None = None

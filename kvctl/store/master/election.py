@@ -50,9 +50,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata import MetadataError, key_prefix, open_metadata
-from kvctl.transfer.metadata.base import LeaseExpiredError, LeaseId
-from kvctl.transfer.metadata.etcd import EtcdMetadata
+from kvctl.metadata import MetadataError, key_prefix, open_metadata
+from kvctl.metadata.base import LeaseExpiredError, LeaseId
+from kvctl.metadata.etcd import EtcdMetadata
 from kvctl.transfer.shmfiles import pid_alive
 
 _log = logging.getLogger("kvctl.store.master")

@@ -37,6 +37,7 @@ import struct
 import threading
 from collections.abc import Sequence
 
+from kvctl.errors import AuthError, TransferError
 from kvctl.net import auth
 from kvctl.net.framing import (
     ConnectionClosedError,
@@ -50,7 +51,6 @@ from kvctl.net.framing import (
 )
 from kvctl.transfer import protocol as p
 from kvctl.transfer.batch import SETTLE_FAILED, SETTLE_TIMEOUT, Batch, OpCode
-from kvctl.transfer.errors import AuthError, TransferError
 from kvctl.transfer.paths import PathHealth, RetryPolicy, slice_ranges
 from kvctl.transfer.segments import LocalBuffer, SegmentInfo, landing_views
 from kvctl.transfer.transports.base import Item, RemoteSegment, Transport

@@ -36,10 +36,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvctl.errors import KvctlError, UsageError
+from kvctl.errors import AuthError, KvctlError, UsageError
 from kvctl.net import auth
 from kvctl.net.advertise import advertised_addresses
-from kvctl.transfer.errors import AuthError, TransportUnavailableError
+from kvctl.transfer.errors import TransportUnavailableError
 from kvctl.transfer.transports.rdma.devices import NicContext, RdmaOptions
 
 _log = logging.getLogger("kvctl.transfer.rdma")

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata._httpclient import EndpointDown, HttpPool
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata._httpclient import EndpointDown, HttpPool
+from kvctl.metadata.base import (
     DEFAULT_TIMEOUT_S,
     LeaseExpiredError,
     LeaseId,
@@ -43,7 +43,7 @@ from kvctl.transfer.metadata.base import (
     register_backend,
     split_endpoints,
 )
-from kvctl.transfer.metadata.watch import (
+from kvctl.metadata.watch import (
     DEFAULT_POLL_S,
     Change,
     QueueWatch,

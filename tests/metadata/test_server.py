@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from kvctl.errors import UsageError
+from kvctl.metadata import MetadataError, MetadataServer, open_metadata
 from kvctl.net.auth import sign_request
-from kvctl.transfer.metadata import MetadataError, MetadataServer, open_metadata
-from tests.transfer.metadata._util import wait_until
+from tests.metadata._util import wait_until
 
 pytestmark = pytest.mark.integration
 

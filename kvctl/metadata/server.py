@@ -58,7 +58,7 @@ from kvctl.net.limits import PAUSE_MAX_S, PAUSE_MIN_S, RESOURCE_ERRNOS, PendingL
 
 if TYPE_CHECKING:
     from kvctl.metrics import ServerMetrics
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata.base import (
     LeaseExpiredError,
     LeaseId,
     MetadataClient,
@@ -384,10 +384,10 @@ class MetadataServer:
 
     def _open_store(self) -> MetadataClient:
         if self.data_dir is None:
-            from kvctl.transfer.metadata.memory import MemoryMetadata
+            from kvctl.metadata.memory import MemoryMetadata
 
             return MemoryMetadata.private()
-        from kvctl.transfer.metadata.file import FileMetadata
+        from kvctl.metadata.file import FileMetadata
 
         return FileMetadata(self.data_dir.expanduser().resolve())
 

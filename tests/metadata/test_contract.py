@@ -7,14 +7,14 @@ import time
 import pytest
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata import (
+from kvctl.metadata import (
     LeaseExpiredError,
     LeaseId,
     MetadataClient,
     key_prefix,
     open_metadata,
 )
-from tests.transfer.metadata._util import wait_until
+from tests.metadata._util import wait_until
 
 TTL_S = 1.0
 #: etcd checks lease expiry every 500 ms and rounds TTLs up to whole seconds.

@@ -6,7 +6,7 @@
 own server behind ``http://``.
 """
 
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata.base import (
     DEFAULT_TIMEOUT_S,
     LeaseExpiredError,
     LeaseId,
@@ -18,9 +18,9 @@ from kvctl.transfer.metadata.base import (
     open_metadata,
     register_backend,
 )
-from kvctl.transfer.metadata.lease import LeaseKeeper
-from kvctl.transfer.metadata.server import MetadataServer
-from kvctl.transfer.metadata.settings import MetadataSettings, open_configured
+from kvctl.metadata.lease import LeaseKeeper
+from kvctl.metadata.server import MetadataServer
+from kvctl.metadata.settings import MetadataSettings, open_configured
 
 __all__ = [
     "DEFAULT_TIMEOUT_S",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata import (
+from kvctl.metadata import (
     LeaseKeeper,
     MetadataClient,
     MetadataError,
@@ -20,7 +20,7 @@ from kvctl.transfer.metadata import (
     open_metadata,
 )
 from tests.fixtures.servers import ServerProcess
-from tests.transfer.metadata._util import start_publisher, wait_until
+from tests.metadata._util import start_publisher, wait_until
 
 
 def _key() -> str:
@@ -98,7 +98,7 @@ CRASH_BACKENDS = [
 def test_sigkilled_publishers_entry_vanishes_within_ttl(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    from tests.transfer.metadata.conftest import url_for
+    from tests.metadata.conftest import url_for
 
     url = url_for(kind, request, tmp_path)
     ttl_s = 1.5  # margin for a loaded CI machine: the child must renew every 0.5 s

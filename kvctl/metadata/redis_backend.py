@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvctl.errors import UnavailableError, UsageError
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata.base import (
     LeaseExpiredError,
     LeaseId,
     MetadataClient,
@@ -42,7 +42,7 @@ from kvctl.transfer.metadata.base import (
     register_backend,
     split_endpoints,
 )
-from kvctl.transfer.metadata.watch import DEFAULT_POLL_S, PollingWatch, Watch
+from kvctl.metadata.watch import DEFAULT_POLL_S, PollingWatch, Watch
 
 if TYPE_CHECKING:
     import redis

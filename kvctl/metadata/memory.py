@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from typing import Self
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata.base import (
     LeaseExpiredError,
     LeaseId,
     MetadataClient,
     MetadataOptions,
     register_backend,
 )
-from kvctl.transfer.metadata.watch import (
+from kvctl.metadata.watch import (
     DEFAULT_POLL_S,
     Change,
     QueueWatch,

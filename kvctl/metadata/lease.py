@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Self
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata.base import (
     LeaseExpiredError,
     LeaseId,
     MetadataClient,

@@ -14,9 +14,8 @@ import urllib.parse
 from typing import Any
 
 from kvctl.errors import UsageError
-from kvctl.net.auth import sign_request
-from kvctl.transfer.metadata._httpclient import EndpointDown, HttpPool
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata._httpclient import EndpointDown, HttpPool
+from kvctl.metadata.base import (
     DEFAULT_TIMEOUT_S,
     LeaseExpiredError,
     LeaseId,
@@ -26,6 +25,7 @@ from kvctl.transfer.metadata.base import (
     register_backend,
     split_endpoints,
 )
+from kvctl.net.auth import sign_request
 
 
 class HttpMetadata(MetadataClient):

@@ -3,7 +3,7 @@
 Idle connections are kept in a pool and reused; a request that fails on a *reused*
 connection (the server closed it while idle, or restarted) is retried once on a fresh one.
 Failures to connect or to get an answer raise :class:`EndpointDown` for the caller to turn
-into a :class:`~kvctl.transfer.metadata.base.MetadataError` (or to fail over).
+into a :class:`~kvctl.metadata.base.MetadataError` (or to fail over).
 """
 
 from __future__ import annotations

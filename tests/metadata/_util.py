@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> float:
@@ -39,7 +39,7 @@ def read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
 
 PUBLISHER = """
 import sys, time
-from kvctl.transfer.metadata import LeaseKeeper, open_metadata
+from kvctl.metadata import LeaseKeeper, open_metadata
 url, key, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
 client = open_metadata(url)
 keeper = LeaseKeeper(client, ttl_s=ttl).start()

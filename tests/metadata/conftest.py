@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.transfer.metadata import MetadataClient, MetadataServer, key_prefix, open_metadata
+from kvctl.metadata import MetadataClient, MetadataServer, key_prefix, open_metadata
 
 BACKENDS = [
     pytest.param("memory", id="memory"),

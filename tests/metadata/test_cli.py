@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.transfer.metadata import open_metadata
+from kvctl.metadata import open_metadata
 from tests.fixtures.cli import CliResult
 from tests.fixtures.servers import free_port
-from tests.transfer.metadata._util import REPO, read_line
+from tests.metadata._util import REPO, read_line
 
 Kvctl = Callable[..., CliResult]
 

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from kvctl.transfer.metadata import MetadataClient, MetadataError, open_metadata
-from kvctl.transfer.metadata.watch import Change, Snapshot, Watch, WatchEvent, apply_changes
+from kvctl.metadata import MetadataClient, MetadataError, open_metadata
+from kvctl.metadata.watch import Change, Snapshot, Watch, WatchEvent, apply_changes
 from tests.fixtures.servers import ServerProcess
 
 POLL_S = 0.1

@@ -16,7 +16,7 @@ import dataclasses
 from pathlib import Path
 
 from kvctl.config import CommonSettings, register_section
-from kvctl.transfer.metadata.base import DEFAULT_TIMEOUT_S, MetadataClient, open_metadata
+from kvctl.metadata.base import DEFAULT_TIMEOUT_S, MetadataClient, open_metadata
 
 #: Port ``kvctl metadata serve`` listens on when ``--listen`` names none.
 DEFAULT_PORT = 7420

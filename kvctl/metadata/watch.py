@@ -30,7 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
-    from kvctl.transfer.metadata.base import MetadataClient, MetadataError
+    from kvctl.metadata.base import MetadataClient, MetadataError
 
 _log = logging.getLogger(__name__)
 

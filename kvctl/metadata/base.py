@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import NewType, Self
 
 from kvctl.errors import ExitCode, KvctlError, UsageError
-from kvctl.transfer.metadata.watch import DEFAULT_POLL_S, PollingWatch, Watch
+from kvctl.metadata.watch import DEFAULT_POLL_S, PollingWatch, Watch
 
 LeaseId = NewType("LeaseId", int)
 
@@ -35,7 +35,7 @@ class LeaseExpiredError(MetadataError):
     """The service answered that a lease has expired or never existed (not a network failure).
 
     Raised by ``keepalive`` and by ``put(..., lease=...)``; the fix is to grant a new lease and
-    publish again, which :class:`~kvctl.transfer.metadata.lease.LeaseKeeper` does on its own.
+    publish again, which :class:`~kvctl.metadata.lease.LeaseKeeper` does on its own.
     """
 
 
@@ -100,7 +100,7 @@ class MetadataClient(abc.ABC):
         """Release connections. Safe to call twice."""
 
     def watch(self, prefixes: str | Sequence[str], *, poll_s: float = DEFAULT_POLL_S) -> Watch:
-        """Follow every change under ``prefixes`` (see :mod:`kvctl.transfer.metadata.watch`):
+        """Follow every change under ``prefixes`` (see :mod:`kvctl.metadata.watch`):
         a snapshot of each prefix first, then each put and each deletion or expiry, in order.
 
         Backends that can push changes override this; the default polls: one ``list`` per
@@ -241,7 +241,7 @@ def split_endpoints(
 
 def _load_builtin_backends() -> None:
     # Importing the modules registers them; each imports its client library lazily.
-    from kvctl.transfer.metadata import (  # noqa: F401
+    from kvctl.metadata import (  # noqa: F401
         etcd,
         file,
         http_backend,

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata import MetadataError, known_schemes, open_metadata
-from tests.transfer.metadata._util import REPO
+from kvctl.metadata import MetadataError, known_schemes, open_metadata
+from tests.metadata._util import REPO
 
 WRITER = """
 import sys
-from kvctl.transfer.metadata import open_metadata
+from kvctl.metadata import open_metadata
 url, me, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 c = open_metadata(url)
 lease = c.grant_lease(60)

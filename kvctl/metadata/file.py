@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UsageError
-from kvctl.transfer.metadata.base import (
+from kvctl.metadata.base import (
     LeaseExpiredError,
     LeaseId,
     MetadataClient,
