@@ -1,4 +1,5 @@
-"""``kvctl sim``: simulators (``sim pool``: what a shared KV pool saves)."""
+"""``kvctl sim``: simulators (``sim pool``: what a shared KV pool saves; ``sim trace``: the
+same on a recorded trace)."""
 
 from __future__ import annotations
 
@@ -12,15 +13,26 @@ from kvctl.commands._common import JsonOpt, global_options, renamed_flag
 from kvctl.config import CommonSettings, redacted
 from kvctl.errors import UsageError
 from kvctl.output import Output
-from kvctl.sim.plot import plot_recompute
+from kvctl.sim.plot import plot_recompute, plot_trace
 from kvctl.sim.replay import CellResult
 from kvctl.sim.run import PoolReport, simulate_pool
 from kvctl.sim.settings import SimSettings
 from kvctl.sim.store_pool import StorePoolRun, StoreRunSummary
+from kvctl.sim.trace import (
+    UNLIMITED,
+    TraceReplay,
+    TraceRouting,
+    Unlimited,
+    grid,
+    replay_trace,
+)
+from kvctl.sim.trace_cost import TraceCost, trace_cost
+from kvctl.sim.traceformat import known_trace_formats
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
 
-app = typer.Typer(help="Simulators: what a shared KV pool saves.\n\n"
+app = typer.Typer(help="Simulators: what a shared KV pool saves, on a synthetic workload "
+                  "(sim pool) or a recorded trace (sim trace).\n\n"
                   "Example: kvctl sim pool --plot pool.png", no_args_is_help=True)
 
 _W = "Workload"
@@ -221,3 +233,217 @@ def _render(out: Output, report: PoolReport, store: StoreRunSummary | None = Non
         "pool saves: against the same routing and local cache without the pool. See 'kvctl "
         "plan readback' for when a read-back beats recompute."
     )
+
+
+_TR = "Trace"
+_TC = "Cluster"
+_TV = "Cost view"
+_TOKEN_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def _tokens(text: str, flag: str) -> int:
+    """``3000000``, ``3M``, ``500k``, ``1e6`` (decimal units: tokens, not bytes)."""
+    raw = text.strip()
+    unit = raw[-1:].lower() if raw[-1:].isalpha() and raw[-1:].lower() in "kmg" else ""
+    number = raw[:-1] if unit else raw
+    try:
+        value = float(number) * _TOKEN_UNITS[unit]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not a token count",
+                         f"give whole tokens, e.g. {flag} 3000000 or 3M (decimal: 10^6)"
+                         ) from None
+    if not value.is_integer() or value < 0:
+        raise UsageError(f"{flag} {text!r} is not a whole number of tokens 0 or more",
+                         f"give e.g. {flag} 3000000")
+    return int(value)
+
+
+def _token_list(text: str, flag: str) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    if not all(parts):
+        raise UsageError(f"{flag} {text!r} has an empty entry", "remove the stray comma")
+    return [_tokens(p, flag) for p in parts]
+
+
+def _pool(text: str | None) -> int | Unlimited | None:
+    if text is None:
+        return None
+    if text.strip().lower() == UNLIMITED:
+        return UNLIMITED
+    return _tokens(text, "--pool-tokens")
+
+
+def _routings(text: str) -> list[TraceRouting]:
+    known = [r.value for r in TraceRouting if r is not TraceRouting.SINGLE]
+    out: list[TraceRouting] = []
+    for part in (p.strip() for p in text.split(",")):
+        if part not in known:
+            raise UsageError(f"--routing {part!r} is not known",
+                             f"give one or more of {', '.join(known)}, comma-separated")
+        out.append(TraceRouting(part))
+    return out
+
+
+@app.command("trace")
+def trace(
+    ctx: typer.Context,
+    file: Annotated[Path, typer.Argument(
+        help="The trace: Mooncake JSONL (one request a line; .gz too).", show_default=False)],
+    trace_fmt: Annotated[str, typer.Option(
+        "--format", help="Trace format: " + ", ".join(known_trace_formats()) + ".",
+        rich_help_panel=_TR)] = "mooncake",
+    block_tokens: Annotated[int | None, typer.Option(
+        help="Tokens per block id. (default: the format's: 512 for Mooncake)",
+        rich_help_panel=_TR, show_default=False)] = None,
+    capacity_tokens: Annotated[str, typer.Option(
+        help="Local LRU prefix cache per instance, tokens, comma-separated to compare "
+             "(3M = 3,000,000; 0 = none).", rich_help_panel=_TC)] = "3000000",
+    instances: Annotated[int, typer.Option(
+        help="Instances; above 1 adds a cluster per routing (and pool) to the single-"
+             "instance rows.", rich_help_panel=_TC)] = 1,
+    routing: Annotated[str, typer.Option(
+        help="With --instances K: random, round-robin, prefix-aware, comma-separated.",
+        rich_help_panel=_TC)] = "random",
+    pool_tokens: Annotated[str | None, typer.Option(
+        help="Shared pool behind the instances, tokens, or 'unlimited': adds local + pool "
+             "rows.", rich_help_panel=_TC, show_default=False)] = None,
+    seed: Annotated[int, typer.Option(help="Seed of random routing.",
+                                      rich_help_panel=_TC)] = 0,
+    model: Annotated[str | None, typer.Option(
+        help="Model name (e.g. llama-3-70b) or config.json: adds GPU-seconds saved and "
+             "read-back GB/s.", rich_help_panel=_TV, show_default=False)] = None,
+    prefill_tps: Annotated[float | None, typer.Option(
+        help="Prefill throughput per instance, tokens/s.", rich_help_panel=_TV,
+        show_default=False)] = None,
+    gpu: Annotated[str | None, typer.Option(
+        help="GPU whose peak rates prefill (as plan readback: e.g. 'H100 SXM').",
+        rich_help_panel=_TV, show_default=False)] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs one prefill runs on (with --gpu).",
+                                      rich_help_panel=_TV)] = 1,
+    efficiency: Annotated[float, typer.Option(help="Fraction of the GPU's peak prefill "
+                                              "reaches (with --gpu).",
+                                              rich_help_panel=_TV)] = 0.5,
+    nic_gbytes_per_s: Annotated[float | None, typer.Option(
+        "--nic-gbytes-per-s", help="Each instance's NIC read rate, GB/s (10^9 bytes/s).",
+        rich_help_panel=_TV, show_default=False)] = None,
+    bench_file: Annotated[Path | None, typer.Option(
+        help="Take the NIC's rate from a 'kvctl bench transfer --json' result.",
+        rich_help_panel=_TV, show_default=False)] = None,
+    plot: Annotated[Path | None, typer.Option(
+        help="Write a PNG: hit ratio against capacity with the ideal, and over time (needs "
+             "matplotlib, the plot extra).", show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Replay a recorded trace against LRU prefix caches: is a shared pool worth it on it?
+
+    Reports the trace (requests, arrival rate, mean lengths, the ideal prefix hit ratio of
+    one unbounded cache, how often block ids recur), then the prefix hit ratio of one
+    instance per --capacity-tokens and, with --instances K, of K instances routed by
+    --routing, local-only and with a shared --pool-tokens pool. Requests replay in arrival
+    order with the rules of 'sim pool' (docs/traffic.md).
+
+    Example: kvctl sim trace conversation_trace.jsonl --capacity-tokens 1M,10M,100M --plot hit.png
+
+    Example: kvctl sim trace t.jsonl --instances 8 --pool-tokens 24M --routing random,prefix-aware
+
+    Example: kvctl sim trace trace.jsonl --model llama-3-70b --gpu 'H100 SXM' --nic-gbytes-per-s 50
+    """
+    opts = global_options(ctx)
+    capacities = _token_list(capacity_tokens, "--capacity-tokens")
+    if instances <= 0:
+        raise UsageError(f"--instances {instances} is not positive", "give --instances 1 or more")
+    configs = grid(capacities, instances=instances, routings=_routings(routing),
+                   pool_tokens=_pool(pool_tokens))
+    out = opts.output(json_mode=json_out)
+    with out.progress("replaying requests") as bar:
+        task = bar.task_ids[0]
+
+        def advance(done: int) -> None:
+            bar.update(task, completed=done)
+
+        replay = replay_trace(file, configs, format_name=trace_fmt, block_tokens=block_tokens,
+                              seed=seed, on_progress=advance)
+    cost = None
+    if model is not None:
+        cost = trace_cost(replay, model=model, prefill_tps=prefill_tps, gpu=gpu, gpus=gpus,
+                          efficiency=efficiency, nic_gbytes_per_s=nic_gbytes_per_s,
+                          bench_file=bench_file)
+    elif any(v is not None for v in (prefill_tps, gpu, nic_gbytes_per_s, bench_file)):
+        raise UsageError("the cost view needs --model", "add --model NAME (e.g. llama-3-70b)")
+    if plot is not None:
+        plot_trace(replay, plot, title=file.name)
+        out.info(f"wrote {plot}")
+    if json_out:
+        s = replay.summary
+        payload = {
+            "settings": {"file": str(file), "format": trace_fmt, "block_tokens": s.block_tokens,
+                         "capacity_tokens": capacities, "instances": instances,
+                         "routing": routing.split(","), "pool_tokens": _pool(pool_tokens),
+                         "seed": seed},
+            "requests": s.requests, "input_tokens_mean": s.input_tokens_mean,
+            "output_tokens_mean": s.output_tokens_mean, "ideal_hit_ratio": s.ideal_hit_ratio,
+            "trace": s, "results": replay.results, "ideal_timeline": replay.ideal_timeline,
+            "cost": cost, "plot": None if plot is None else str(plot),
+        }
+        out.emit_json("sim.trace", payload)
+        return
+    _render_trace(out, replay, cost)
+
+
+def _share(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> None:
+    s = replay.summary
+    out.print(
+        f"Trace {s.path} ({s.format}, {s.block_tokens} tokens per id): {s.requests:,} "
+        f"requests over {s.duration_s:,.0f} s ({s.arrival_rate_per_s:.2f}/s); mean input "
+        f"{s.input_tokens_mean:,.0f} tokens, mean output {s.output_tokens_mean:,.0f}; "
+        f"ideal prefix hit ratio {_share(s.ideal_hit_ratio)} (one unbounded cache)"
+    )
+    reuse = Table(title=f"Block ids by uses ({s.distinct_ids:,} distinct ids, "
+                        f"{s.block_uses:,} uses)")
+    for name in ("used", "ids", "share of ids", "share of uses"):
+        reuse.add_column(name, justify="right")
+    for b in s.reuse:
+        if b.ids:
+            reuse.add_row(f"{b.label} times", f"{b.ids:,}", _share(b.id_share),
+                          _share(b.use_share))
+    out.print(reuse)
+    table = Table(title="Prefix hit ratio (higher is better); tokens summed over the trace")
+    for name in ("instances x local tokens", "routing", "pool tokens", "hit ratio",
+                 "recompute", "read back", "per instance"):
+        table.add_column(name, justify="left" if name == "routing" else "right")
+    for r in replay.results:
+        pool = "-" if r.pool_tokens is None else (
+            r.pool_tokens if isinstance(r.pool_tokens, str) else f"{r.pool_tokens:,}")
+        ratios = [i.hit_ratio for i in r.per_instance]
+        per = ("-" if r.instances == 1 else " ".join(f"{100 * x:.0f}" for x in ratios)
+               if r.instances <= 8 else f"{100 * min(ratios):.0f}-{100 * max(ratios):.0f}")
+        table.add_row(f"{r.instances} x {r.capacity_tokens:,}", r.routing.value, pool,
+                      _share(r.hit_ratio), f"{r.recompute_tokens:,}", f"{r.pool_hit_tokens:,}",
+                      per)
+    out.print(table)
+    out.print("hit ratio: prefix hit tokens / input tokens; recompute: input tokens not hit; "
+              "read back: pool hits (they cross the NIC); per instance: hit % of each.")
+    if cost is None:
+        return
+    view = Table(title=(f"Cost view ({cost.model}, {cost.kv_bytes_per_token / 1024:g} KiB/"
+                        f"token; prefill: {cost.prefill_source}; NIC: {cost.nic_source})"))
+    for name in ("configuration", "GPU-s no cache", "GPU-s saved", "pool GB/s",
+                 "busiest NIC"):
+        view.add_column(name, justify="left" if name == "configuration" else "right")
+    for row in cost.rows:
+        view.add_row(row.label, _opt(row.gpu_seconds_no_cache), _opt(row.gpu_seconds_saved),
+                     f"{row.pool_readback_gbytes_per_s:.3g}",
+                     "-" if row.busiest_nic_share is None else _share(row.busiest_nic_share))
+    out.print(view)
+    out.print(f"GPU-s: prefill seconds over the trace ({cost.duration_s:,.0f} s long), summed "
+              "over instances; pool GB/s: mean read-back rate of the pool hits at the trace's "
+              "arrival rate (GB/s = 10^9 bytes/s); busiest NIC: the highest instance's mean "
+              "read-back rate against --nic-gbytes-per-s (bursts need more).")
+
+
+def _opt(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"

@@ -1,4 +1,5 @@
-"""Plot recompute fraction against local cache capacity (needs the optional ``plot`` extra)."""
+"""Plot recompute fraction against local cache capacity (``sim pool``) and prefix hit ratio
+against capacity and time (``sim trace``); needs the optional ``plot`` extra."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from kvctl.errors import UnavailableError, UsageError
 from kvctl.sim.replay import CellResult, Floor
+from kvctl.sim.trace import TraceReplay, TraceResult
 
 
 def _figure() -> Any:
@@ -92,6 +94,71 @@ def plot_recompute(
     ax.legend(fontsize="small")
     if title:
         ax.set_title(title)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write plot {path}: {exc.strerror or exc}", "give a writable --plot path"
+        ) from exc
+    return path
+
+
+def plot_trace(replay: TraceReplay, path: Path, *, title: str = "") -> Path:
+    """Write a PNG of a trace replay: prefix hit ratio against local capacity per token
+    (log x), one line per configuration family (instances, routing, pool), with the ideal
+    (one unbounded cache) as a dashed line; below it, hit ratio over time per configuration.
+
+    Raises:
+        UnavailableError: matplotlib is not installed.
+        UsageError: the file cannot be written.
+    """
+    fig = _figure()
+    fig.set_size_inches(7, 8)
+    top, bottom = fig.subplots(2, 1)
+    families: dict[str, list[TraceResult]] = {}
+    for r in replay.results:
+        name = f"{r.instances} instance{'s' if r.instances > 1 else ''}"
+        if r.routing.value != "single":
+            name += f", {r.routing.value}"
+        if r.pool_tokens is not None:
+            pool = r.pool_tokens if isinstance(r.pool_tokens, str) else f"{r.pool_tokens:,}"
+            name += f" + pool {pool}"
+        families.setdefault(name, []).append(r)
+    ideal = 100 * replay.summary.ideal_hit_ratio
+    positive = any(r.capacity_tokens > 0 for r in replay.results)
+    colors = [f"C{i % 10}" for i in range(len(families))]
+    for index, (name, results) in enumerate(families.items()):
+        points = sorted((r.capacity_tokens, 100 * r.hit_ratio) for r in results
+                        if r.capacity_tokens > 0 or not positive)
+        top.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                 color=colors[index], markersize=max(3.0, 8.0 - index), label=name,
+                 zorder=3 + index)
+    top.axhline(ideal, color="#555555", linestyle="--", linewidth=1.2,
+                label=f"ideal {ideal:.1f}% (one unbounded cache)")
+    if positive:
+        top.set_xscale("log")
+    top.set_xlabel("local prefix cache per instance (tokens)")
+    top.set_ylabel("prefix hit ratio (%)")
+    top.set_ylim(0, 100)
+    top.grid(alpha=0.3)
+    top.legend(fontsize="small")
+    if title:
+        top.set_title(title)
+    bottom.plot([p.start_s for p in replay.ideal_timeline],
+                [100 * p.hit_ratio for p in replay.ideal_timeline], color="#555555",
+                linestyle="--", linewidth=1.2, label="ideal")
+    for index, (name, results) in enumerate(families.items()):
+        largest = max(results, key=lambda r: r.capacity_tokens)  # one line per family
+        bottom.plot([p.start_s for p in largest.timeline],
+                    [100 * p.hit_ratio for p in largest.timeline], color=colors[index],
+                    linewidth=1.0, label=f"{name}, {largest.capacity_tokens:,} local")
+    bottom.set_title("over time (largest local capacity of each)", fontsize="medium")
+    bottom.set_xlabel("time since the first request (s)")
+    bottom.set_ylabel("prefix hit ratio (%)")
+    bottom.set_ylim(0, 100)
+    bottom.grid(alpha=0.3)
+    bottom.legend(fontsize="x-small")
     fig.tight_layout()
     try:
         fig.savefig(path, dpi=120)

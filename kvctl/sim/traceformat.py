@@ -154,16 +154,19 @@ def open_trace(path: Path) -> io.BufferedIOBase:
 
 
 def bounded_lines(
-    stream: io.BufferedIOBase, path: Path | str, *, max_line_bytes: int = MAX_LINE_BYTES
+    stream: io.BufferedIOBase, path: Path | str, *, max_line_bytes: int | None = None
 ) -> Iterator[tuple[int, bytes]]:
     """``(line number, line without its newline)`` for each line of ``stream``, 1-based.
 
-    A line is never read past ``max_line_bytes``: a longer one raises instead.
+    A line is never read past ``max_line_bytes`` (default :data:`MAX_LINE_BYTES`): a longer
+    one raises instead.
 
     Raises:
         TraceInputError: a line is longer than ``max_line_bytes``, or the stream fails
             (e.g. a truncated ``.gz``).
     """
+    if max_line_bytes is None:
+        max_line_bytes = MAX_LINE_BYTES
     number = 0
     while True:
         number += 1
