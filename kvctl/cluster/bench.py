@@ -11,10 +11,12 @@ rail, rail by rail):
 
 A host whose agent vanishes (its lease expired) is *missing*: its pending pairs end at once,
 its later pairs are not tried, and the report says when it was seen gone. A pair whose bench
-failed is confirmed before it is blamed: if one of its hosts turns out gone within its lease
-TTL, the pair is missing, not failed. ``stop`` (Ctrl-C) ends the run after the current poll
-with what was measured. The pair's value for the matrix and the diagnosis is the slower of
-its directions (min over its rows, GB/s).
+failed is confirmed before it is blamed: its jobs are deleted and each host's agent must
+answer by withdrawing its statuses; a host that turns out gone instead (within its lease TTL)
+makes the pair missing, not failed. Failed pairs enter the diagnosis without a value, so a
+host or NIC that no pair reached is named (``unreachable``). ``stop`` (Ctrl-C) ends the run
+after the current poll with what was measured. The pair's value for the matrix and the
+diagnosis is the slower of its directions (min over its rows, GB/s).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from kvctl.cluster.protocol import (
 )
 from kvctl.cluster.registry import HostEntry
 from kvctl.cluster.scheduler import Schedule, plan_schedule
-from kvctl.errors import UsageError
+from kvctl.errors import KvctlError, UsageError
 
 _log = logging.getLogger("kvctl.cluster")
 
@@ -270,6 +272,7 @@ class _Run:
         self.pair_timeout_s = (3 * estimate_pair_s(options.sweep)
                                + 3 * options.timeout_s * len(options.sweep.configs()) + 30)
         self.interrupted = False
+        self.cancelled: set[str] = set()  # job ids deleted already
 
     def stopped(self) -> bool:
         return self.stop is not None and self.stop.is_set()
@@ -343,25 +346,64 @@ class _Run:
             for t in tasks:
                 self.conclude(index, t)
         finally:
-            self.c.cancel([r for t in tasks for r in (t.target, t.bench) if r is not None])
+            self._cancel([r for t in tasks for r in (t.target, t.bench) if r is not None])
 
     def confirm(self, tasks: list[_Task]) -> None:
-        """A failed pair may be a host dying: wait (at most its lease TTL) to tell."""
+        """A failed pair may be a host dying: tell which before blaming the pair.
+
+        The suspect pairs' jobs are deleted at once; a live agent answers by withdrawing the
+        job's status within a poll (a dead one cannot: its statuses stay until its lease
+        expires, and its liveness key goes with them). So the wait ends as soon as every
+        host of a suspect pair has answered or vanished, at most its lease TTL (and always
+        that long for a host with no status to withdraw).
+        """
         suspects = [t for t in tasks if not self.interrupted and self._failed(t)
                     and all(r.missing_at is None for r in self._refs(t))]
         if not suspects:
             return
         hosts = {h for t in suspects for h in (t.a, t.b)}
+        asked: dict[str, set[str]] = {h: set() for h in hosts}  # host -> status keys
+        for t in suspects:
+            for ref in self._refs(t):
+                if ref.status is not None:
+                    asked[ref.host].add(ref.status_key)
+        self._cancel([r for t in suspects for r in self._refs(t)])
         ttl = max([1.0, *(self.records[h].lease_ttl_s for h in hosts)])
         deadline = time.monotonic() + ttl + 1.0
+        answered: set[str] = set()
         while time.monotonic() < deadline and not self.stopped():
+            answered |= self._answered({h: k for h, k in asked.items()
+                                        if k and h not in answered})
+            if answered >= hosts:
+                break
             if self.c.refresh() and any(not self.c.alive(h) for h in hosts):
                 break
             time.sleep(self.c.poll_s)
         for t in suspects:
             for ref in self._refs(t):
-                if not self.c.alive(ref.host):
+                if ref.host not in answered and not self.c.alive(ref.host):
                     ref.missing_at = now()
+
+    def _answered(self, asked: dict[str, set[str]]) -> set[str]:
+        """Hosts whose agents withdrew every status in ``asked`` and are still registered.
+
+        The statuses are read before the liveness keys: an agent's lease takes both at
+        once, so a host whose statuses went with its lease is not registered either."""
+        if not asked:
+            return set()
+        client, keys = self.c.client, self.c.keys
+        try:
+            present = set(client.list(keys.status_prefix(self.c.run_id)))
+            withdrawn = [h for h, k in asked.items() if not k & present]
+            return {h for h in withdrawn if client.get(keys.alive(h)) is not None}
+        except KvctlError as exc:  # the metadata service did not answer
+            _log.warning("reading the run's statuses failed: %s", exc.cause)
+            return set()
+
+    def _cancel(self, refs: list[JobRef]) -> None:
+        fresh = [r for r in refs if r.job_id not in self.cancelled]
+        self.cancelled.update(r.job_id for r in fresh)
+        self.c.cancel(fresh)
 
     @staticmethod
     def _refs(t: _Task) -> list[JobRef]:
@@ -458,9 +500,9 @@ def run_cluster_bench(coordinator: Coordinator, entries: Sequence[HostEntry],
                              seed=options.seed)
     run = _Run(coordinator, usable, options, schedule, on_event, stop)
     run.run()
+    # failed pairs go in without a value: a NIC that no pair reached is named unreachable
     values = [PairValue(o.a, o.b, o.gbps) for o in run.outcomes if o.state in (OK, FAILED)]
-    diagnosis = diagnose([v for v in values if v.gbps is not None],
-                         slow_fraction=options.slow_fraction)
+    diagnosis = diagnose(values, slow_fraction=options.slow_fraction)
     return ClusterBenchReport(
         run_id=coordinator.run_id, hosts=tuple(names), untrusted=untrusted, schedule=schedule,
         sweep=options.sweep, engines=options.engines,

@@ -1,0 +1,61 @@
+"""``cluster bench`` with simulated hosts (:mod:`tests.cluster.test_protocol`'s fakes): how a
+failed pair is confirmed and what the diagnosis makes of it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from kvctl.cluster.agent import Agent, JobContext
+from kvctl.cluster.bench import ClusterBenchOptions, run_cluster_bench
+from kvctl.cluster.coordinator import Coordinator
+from kvctl.cluster.diagnosis import Endpoint
+from kvctl.cluster.protocol import BENCH, TARGET, BenchParams, BenchResult, ClusterKeys
+from kvctl.cluster.registry import read_hosts
+from kvctl.errors import KvctlError
+from tests.cluster import test_protocol as proto
+from tests.cluster.test_protocol import SWEEP, Counting, fake_bench, fake_target, record
+
+
+@pytest.fixture
+def service() -> Iterator[Counting]:
+    client = Counting(proto.open_metadata("memory://cluster-bench-confirm"))
+    yield client
+    client.close()
+
+
+def test_a_nic_no_pair_reaches_is_named_without_waiting_out_the_leases(
+        service: Counting) -> None:
+    """h0's rail 1 fails every pair (as a NIC that is down): it is named unreachable, the
+    pairs stay failed (both agents answered), and no round waits a lease TTL to tell."""
+    names = [f"h{i}" for i in range(4)]
+    base = fake_bench({})
+
+    def bench(ctx: JobContext) -> BenchResult:
+        p: BenchParams = ctx.params(BenchParams)
+        if p.local_address == "h0-r1" or p.peer.startswith("h0-r1:"):
+            raise KvctlError(f"cannot reach the bench target at {p.peer}: timed out",
+                                "check the link")
+        result: BenchResult = base(ctx)
+        return result
+
+    handlers = {TARGET: fake_target, BENCH: bench}
+    ttl_s = 2.0
+    started = [Agent(service, record(n, ttl_s, 2), handlers=handlers).start() for n in names]
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP, per_rail=True))
+    finally:
+        for a in started:
+            a.close()
+    failed = {(o.a.label(), o.b.label()) for o in report.failed}
+    assert len(failed) == 3, failed
+    assert all("h0/nic1" in pair for pair in failed), failed
+    assert not report.missing
+    assert report.diagnosis.unreachable == (Endpoint("h0", "nic1"),)
+    assert "no pair reached h0/nic1" in report.diagnosis.summary()
+    assert report.diagnosis.culprits == ()
+    # three rounds held a failed pair: waiting out the TTL in each took 3 x 3 s
+    assert report.duration_s < ttl_s + 1.0, report.duration_s
