@@ -408,8 +408,8 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
         reuse.add_column(name, justify="right")
     for b in s.reuse:
         if b.ids:
-            reuse.add_row(f"{b.label} times", f"{b.ids:,}", _share(b.id_share),
-                          _share(b.use_share))
+            reuse.add_row("once" if b.max_uses == 1 else f"{b.label} times", f"{b.ids:,}",
+                          _share(b.id_share), _share(b.use_share))
     out.print(reuse)
     table = Table(title="Prefix hit ratio (higher is better); tokens summed over the trace")
     for name in ("instances x local tokens", "routing", "pool tokens", "hit ratio",
@@ -427,6 +427,12 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
     out.print(table)
     out.print("hit ratio: prefix hit tokens / input tokens; recompute: input tokens not hit; "
               "read back: pool hits (they cross the NIC); per instance: hit % of each.")
+    for r in replay.results:
+        idle = [i.index for i in r.per_instance if not i.requests]
+        if idle and r.instances > 1:
+            out.print(f"Note: {r.label} sent no request to {len(idle)} of {r.instances} "
+                      "instances (prefix-aware routing follows a prefix every request shares; "
+                      "see docs/traffic.md).")
     if cost is None:
         return
     view = Table(title=(f"Cost view ({cost.model}, {cost.kv_bytes_per_token / 1024:g} KiB/"
