@@ -27,12 +27,12 @@ from kvctl.sim.trace import (
     replay_trace,
 )
 from kvctl.sim.trace_cost import TraceCost, trace_cost
-from kvctl.sim.traceformat import known_trace_formats
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
 
-app = typer.Typer(help="Simulators: what a shared KV pool saves, on a synthetic workload "
-                  "(sim pool) or a recorded trace (sim trace).\n\n"
+app = typer.Typer(help="Simulators: what a shared KV pool saves.\n\n"
+                  "'sim pool' replays a synthetic chat workload, 'sim trace' a recorded "
+                  "trace.\n\n"
                   "Example: kvctl sim pool --plot pool.png", no_args_is_help=True)
 
 _W = "Workload"
@@ -290,7 +290,8 @@ def trace(
     file: Annotated[Path, typer.Argument(
         help="The trace: Mooncake JSONL (one request a line; .gz too).", show_default=False)],
     trace_fmt: Annotated[str, typer.Option(
-        "--format", help="Trace format: " + ", ".join(known_trace_formats()) + ".",
+        "--format", help="Trace format: mooncake (Mooncake JSONL); an unknown name lists "
+        "the known ones.",
         rich_help_panel=_TR)] = "mooncake",
     block_tokens: Annotated[int | None, typer.Option(
         help="Tokens per block id. (default: the format's: 512 for Mooncake)",

@@ -206,3 +206,24 @@ def test_an_empty_trace_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError) as err:
         replay_trace(empty, grid([10]))
     assert "no requests" in err.value.cause
+
+
+def test_the_timeline_doubles_its_window_and_keeps_every_token(tmp_path: Path) -> None:
+    # 1,000 requests 1 s apart: more than 256 one-second windows, so they widen to 4 s
+    rows = [(1000.0 * i, 10, [i % 3]) for i in range(1000)]
+    replay = replay_trace(write(tmp_path / "t.jsonl", rows), [TraceConfig(100)], block_tokens=10)
+    timeline = replay.results[0].timeline
+    assert len(timeline) <= 256
+    assert timeline[0].width_s == 4.0
+    assert sum(p.requests for p in timeline) == 1000
+    assert timeline[0].hit_ratio == pytest.approx(1 / 4)  # ids 0, 1, 2 miss once each
+    assert timeline[-1].hit_ratio == 1.0
+    assert [p.start_s for p in timeline[:3]] == [0.0, 4.0, 8.0]
+
+
+def test_prefix_aware_without_local_caches_is_least_loaded(tmp_path: Path) -> None:
+    rows = [(float(i), 10 * (1 + i % 2), [1]) for i in range(6)]
+    config = TraceConfig(0, 3, TraceRouting.PREFIX_AWARE, UNLIMITED)
+    (result,) = replay_trace(write(tmp_path / "t.jsonl", rows), [config], block_tokens=10).results
+    assert [i.requests for i in result.per_instance] == [2, 2, 2]
+    assert result.pool_hit_tokens == 5 * 10  # one 10-token id each, whatever the input
