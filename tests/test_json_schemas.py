@@ -38,7 +38,10 @@ EXAMPLES = REPO / "examples" / "keys"
 
 #: Kinds whose documents are validated by another module (see the module docstring).
 ELSEWHERE = {"cluster.runbook": "tests/cluster/test_hosts_runbook.py",
-             "store.top": "tests/store/test_top.py"}  # kvctl's and Mooncake's, with traffic
+             "store.top": "tests/store/test_top.py",  # kvctl's and Mooncake's, with traffic
+             # JSON lines of a watch over recorded engine streams on real ZeroMQ sockets
+             "keys.watch": "tests/keys/watch/test_cli.py",
+             "keys.watch-finding": "tests/keys/watch/test_cli.py"}
 
 
 def emitted_kinds() -> set[str]:

@@ -488,3 +488,155 @@ def compare_cmd(
         _render_comparison(out, result, loaded)
     if not result.ok:
         raise typer.Exit(int(ExitCode.CHECK_FAILED))
+
+
+# ---------------------------------------------------------------- watch
+
+_WATCH = "Watch"
+
+
+def _line_emit_json(kind: str, payload: dict[str, object]) -> None:
+    """One ``--json`` document on one line of stdout (a watch prints many: JSON lines)."""
+    import json
+    import sys
+
+    from kvctl.output import json_document, to_jsonable
+
+    sys.stdout.write(json.dumps(to_jsonable(json_document(kind, payload)),
+                                separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+@app.command("watch")
+def watch_cmd(
+    ctx: typer.Context,
+    endpoints: Annotated[list[str], typer.Argument(
+        help="Publishers as [NAME=]URL[,replay=URL][,bind]: vLLM/SGLang --kv-events-config "
+             "endpoint (tcp://HOST:PORT, ipc://PATH) and its replay_endpoint.",
+        show_default=False)],
+    profile: ProfileOpt = None,
+    block_size: BlockSizeOpt = None,
+    lora_name: LoraNameOpt = None,
+    lora_path: LoraPathOpt = None,
+    lora_paths: LoraPathsOpt = None,
+    pythonhashseed: Annotated[str | None, typer.Option(
+        "--pythonhashseed", show_default=False,
+        help="The engines' PYTHONHASHSEED (default: this environment's, unset if unset).")
+    ] = None,
+    record: Annotated[Path | None, typer.Option(
+        "--record", rich_help_panel=_WATCH, show_default=False,
+        help="Write every message received to FILE (JSON lines; replay it with 'kvctl sim "
+             "trace --format kv-events FILE').")] = None,
+    duration: Annotated[float | None, typer.Option(
+        "--duration", rich_help_panel=_WATCH, show_default=False,
+        help="Stop after this many seconds (default: until Ctrl-C or q).")] = None,
+    events: Annotated[int | None, typer.Option(
+        "--events", rich_help_panel=_WATCH, show_default=False,
+        help="Stop after this many KV events, every instance together.")] = None,
+    window: Annotated[float, typer.Option(
+        "--window", rich_help_panel=_WATCH,
+        help="Seconds of the windowed pool figures.")] = 60.0,
+    max_blocks: Annotated[int, typer.Option(
+        "--max-blocks", rich_help_panel=_WATCH,
+        help="Blocks remembered per instance (memory bound; the oldest are forgotten).")
+    ] = 1_000_000,
+    interval: Annotated[float, typer.Option(
+        "--interval", rich_help_panel=_WATCH,
+        help="Seconds between refreshes of the view (and --json summary lines).")] = 1.0,
+    replay_timeout: Annotated[float, typer.Option(
+        "--replay-timeout", rich_help_panel=_WATCH,
+        help="Seconds one replay of a sequence gap may take.")] = 5.0,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", rich_help_panel=_WATCH, show_default=False,
+        help="Serve Prometheus counters on this port (0 picks a free one).")] = None,
+    metrics_host: Annotated[str, typer.Option(
+        "--metrics-host", rich_help_panel=_WATCH, help="Address of the metrics endpoint.")
+    ] = "127.0.0.1",
+    json_out: JsonOpt = False,
+) -> None:
+    """Watch live KV events of engine instances: hashes recomputed with the profile, blocks
+    hashed differently across instances, and what a shared pool would save.
+
+    Each BlockStored's hashes are recomputed from its tokens, parent and extra keys; a
+    mismatch names the instance and the likely cause. Int hashes are truncated digests, so a
+    chain is verifiable from its root only: blocks kvctl cannot check are counted with the
+    reason. Sequence gaps are filled from the replay endpoint. With --json: one
+    keys.watch-finding line per finding, a keys.watch line every --interval and a final one.
+    Exit 1 when hashes mismatch, instances diverge, or an endpoint never answered.
+
+    Example: kvctl verify-keys watch a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558
+
+    Example: kvctl verify-keys watch tcp://127.0.0.1:5557 --duration 60 --json --record kv.jsonl
+    """
+    import collections
+    import os
+    import sys
+
+    from kvctl.commands._common import stop_on_signal
+    from kvctl.keys.watch.checker import Finding
+    from kvctl.keys.watch.session import (
+        WatchOptions,
+        WatchSession,
+        finding_json,
+        serve_metrics,
+    )
+    from kvctl.keys.watch.source import parse_endpoint
+
+    out = global_options(ctx).output(json_mode=json_out)
+    settings = global_options(ctx).settings(
+        KeysSettings, profile=profile, block_size=block_size, lora_name=lora_name,
+        lora_path=lora_path, lora_paths=tuple(lora_paths) if lora_paths else None)
+    env = dict(os.environ)
+    if pythonhashseed is not None:
+        env["PYTHONHASHSEED"] = pythonhashseed
+    config = config_from_settings(settings, env=env)
+    parsed = [parse_endpoint(e) for e in endpoints]
+    for name, value in (("--window", window), ("--interval", interval),
+                        ("--replay-timeout", replay_timeout), ("--max-blocks", max_blocks)):
+        if value <= 0:
+            raise UsageError(f"{name} {value:g} is not positive", f"give {name} above 0")
+    options = WatchOptions(duration_s=duration, max_events=events, window_s=window,
+                           max_blocks=max_blocks, replay_timeout_s=replay_timeout)
+    live = not json_out and sys.stdout.isatty()
+    recent: collections.deque[Finding] = collections.deque(maxlen=8)
+
+    def found(f: Finding) -> None:
+        if json_out:
+            _line_emit_json("keys.watch-finding", finding_json(f))
+        elif live:
+            recent.append(f)
+        elif f.severity == "info":
+            out.info(f.message)
+        else:
+            out.warn(f.message)
+
+    from kvctl.commands._keys_watch_screen import render, watch_live
+
+    with stop_on_signal() as stop, WatchSession(parsed, config, options, on_finding=found,
+                                                record=record) as session:
+        metrics = (serve_metrics(session, metrics_host, metrics_port)
+                   if metrics_port is not None else None)
+        if metrics is not None and metrics.address is not None:
+            out.info(f"metrics on http://{metrics.address[0]}:{metrics.address[1]}/metrics")
+        out.info(f"watching {', '.join(e.name for e in parsed)} with {config.profile}, "
+                 f"block size {config.block_size}; Ctrl-C stops")
+        try:
+            if live:
+                watch_live(session, recent, interval_s=interval, console=out.console,
+                           stop=stop)
+            else:
+                tick = ((lambda: _line_emit_json("keys.watch", session.summary()))
+                        if json_out else None)
+                session.run(stop, tick_s=interval, on_tick=tick)
+        finally:
+            if metrics is not None:
+                metrics.close()
+        doc = session.summary(final=True)
+    if json_out:
+        _line_emit_json("keys.watch", doc)
+    else:
+        out.print(render(doc, list(recent)))
+        if record is not None:
+            out.info(f"recorded to {record}")
+    if not doc["ok"]:
+        raise typer.Exit(int(ExitCode.CHECK_FAILED))

@@ -63,8 +63,7 @@ class Finding:
 
     Attributes:
         kind: ``mismatch``, ``divergence``, ``gap``, ``gap-filled``, ``restart``,
-            ``reordered``, ``bad-frame``, ``unknown-event``, ``dead-endpoint``,
-            ``unverifiable``, ``block-size``.
+            ``reordered``, ``bad-frame``, ``unknown-event``, ``dead-endpoint``.
         severity: ``error`` (keys disagree), ``warning`` (data lost or unreadable),
             ``info``.
         instance: the instance it concerns.
@@ -119,8 +118,8 @@ class _Instance:
         self.endpoint = endpoint
         self.next_seq: int | None = None
         self.last_ts: float | None = None
-        #: published hash -> (recomputed digest or None, content key)
-        self.chain: dict[BlockHash, tuple[bytes | None, bytes]] = {}
+        #: published hash -> (recomputed digest, or why it has none; content key)
+        self.chain: dict[BlockHash, tuple[bytes | str, bytes]] = {}
         #: published hash -> content key, of the blocks held now
         self.held: dict[BlockHash, bytes] = {}
         #: content key -> blocks held with it (two groups may hold one content)
@@ -356,9 +355,12 @@ class Checker:
         else:
             link = chain.get(parent)
             if link is not None:
-                digest, ck = link
-                if digest is None and reason is None:
-                    reason = "an ancestor was not verifiable or mismatched"
+                known, ck = link
+                if isinstance(known, str):
+                    digest = None
+                    reason = reason or known
+                else:
+                    digest = known
             else:
                 ck = b"?" + (parent if isinstance(parent, bytes) else parent.to_bytes(
                     9, "big", signed=True))
@@ -371,90 +373,93 @@ class Checker:
                                         "truncated, so chains verify only from their root")
         if size != config_size:
             self._block_size(inst, size, seq)
-        computed = duplicated = 0
+        checkable = size == config_size
+        block_fn, as_int = hasher.block, hasher.published_int
+        n_extra = len(extra) if extra is not None else 0
+        lora_b = b"" if lora is None else lora.encode()
+        owners, held, held_ck = self.owners, inst.held, inst.held_ck
+        max_blocks, name = self.max_blocks, inst.name
+        owner_cap = max_blocks * max(1, len(self.instances))
+        verified = mismatched = computed = duplicated = reused = 0
+        unverifiable = stats.unverifiable
         for i, published in enumerate(hashes):
-            block = tokens[i * size:(i + 1) * size]
-            entry = extra[i] if extra is not None and i < len(extra) else None
-            ck = _ck(ck + _pack(block) + (b"" if entry is None else _pack(entry))
-                     + (b"" if lora is None else lora.encode()))
-            # -- fidelity
+            start = i * size
+            block = tokens[start:start + size]
+            entry = extra[i] if i < n_extra else None  # type: ignore[index]
+            if entry is None:
+                ck = _ck(ck + _pack(block) + lora_b)
+            else:
+                ck = _ck(ck + _pack(block) + _pack(entry) + lora_b)
+            # -- fidelity: recompute from the parent's digest
             mine: bytes | None = None
-            if size != config_size:
-                stats.mismatched += 1
+            counted = False
+            if not checkable:
+                mismatched += 1
+                counted = True
             elif reason is None:
                 try:
-                    mine = hasher.block(digest, block, entry, lora, salt)
+                    mine = block_fn(digest, block, entry, lora, salt)
                 except Unverifiable as exc:
                     reason = exc.reason
                 if mine is not None:
-                    if hasher.published(mine, published) == published:
-                        stats.verified += 1
+                    if (as_int(mine) if type(published) is int
+                            else hasher.published(mine, published)) == published:
+                        verified += 1
                     else:
-                        stats.mismatched += 1
+                        mismatched += 1
+                        counted = True
                         if not inst.mismatch_reported:
                             inst.mismatch_reported = True
                             self._mismatch(inst, ev, i, digest, block, entry, published, seq)
                         mine = None
                         reason = "an ancestor mismatched"
-                        digest = None
-                        stats.blocks_seen += 1
-                        self._link(inst, published, None, ck)
-                        computed, duplicated = self._account(inst, others, published, ck, i,
-                                                             ev, seq, computed, duplicated)
-                        continue
-            if mine is None and size == config_size:
+            if mine is None and not counted:
                 why = reason or "not verifiable"
-                stats.unverifiable[why] = stats.unverifiable.get(why, 0) + 1
+                unverifiable[why] = unverifiable.get(why, 0) + 1
             digest = mine
-            stats.blocks_seen += 1
-            self._link(inst, published, mine, ck)
-            computed, duplicated = self._account(inst, others, published, ck, i, ev, seq,
-                                                 computed, duplicated)
+            # -- the chain, for the blocks below this one
+            if len(chain) >= max_blocks:
+                del chain[next(iter(chain))]
+                stats.forgotten_blocks += 1
+            chain[published] = (mine if mine is not None else reason or "block size differs",
+                                ck)
+            # -- across instances: who published this content first, under which hash
+            owner = owners.get(ck)
+            if owner is None:
+                if len(owners) >= owner_cap:
+                    del owners[next(iter(owners))]
+                owners[ck] = (name, published)
+            elif owner[1] != published:
+                if owner[0] != name:
+                    stats.divergent += 1
+                    self._divergence(inst, owner, published, i, ev, seq)
+                else:
+                    owners[ck] = (name, published)
+            # -- the pool: computed here while held elsewhere?
+            if published in held:
+                reused += 1
+                continue
+            if len(held) >= max_blocks:
+                self._removed(inst, BlockRemoved([next(iter(held))]))
+                stats.removed_blocks -= 1
+                stats.forgotten_blocks += 1
+            held[published] = ck
+            held_ck[ck] = held_ck.get(ck, 0) + 1
+            computed += 1
+            for other in others:
+                if ck in other:
+                    duplicated += 1
+                    break
+        stats.blocks_seen += len(hashes)
+        stats.verified += verified
+        stats.mismatched += mismatched
+        stats.reused_blocks += reused
         stats.computed_blocks += computed
         stats.computed_tokens += computed * size
         stats.duplicate_blocks += duplicated
         stats.duplicate_tokens += duplicated * size
         if computed:
             self._bucket(inst, computed * size, duplicated * size)
-
-    def _link(self, inst: _Instance, published: BlockHash, digest: bytes | None,
-              ck: bytes) -> None:
-        chain = inst.chain
-        if len(chain) >= self.max_blocks:
-            del chain[next(iter(chain))]
-            inst.stats.forgotten_blocks += 1
-        chain[published] = (digest, ck)
-
-    def _account(self, inst: _Instance, others: list[dict[bytes, int]], published: BlockHash,
-                 ck: bytes, index: int, ev: BlockStored, seq: int, computed: int,
-                 duplicated: int) -> tuple[int, int]:
-        """Cross-instance and pool bookkeeping of one block; the running counts back."""
-        owners = self.owners
-        owner = owners.get(ck)
-        if owner is None:
-            if len(owners) >= self.max_blocks * max(1, len(self.instances)):
-                del owners[next(iter(owners))]
-            owners[ck] = (inst.name, published)
-        elif owner[1] != published:
-            if owner[0] != inst.name:
-                inst.stats.divergent += 1
-                self._divergence(inst, owner, published, index, ev, seq)
-            else:
-                owners[ck] = (inst.name, published)
-        held = inst.held
-        if published in held:
-            inst.stats.reused_blocks += 1
-            return computed, duplicated
-        if len(held) >= self.max_blocks:
-            self._removed(inst, BlockRemoved([next(iter(held))]))
-            inst.stats.removed_blocks -= 1
-            inst.stats.forgotten_blocks += 1
-        held[published] = ck
-        inst.held_ck[ck] = inst.held_ck.get(ck, 0) + 1
-        for other in others:
-            if ck in other:
-                return computed + 1, duplicated + 1
-        return computed + 1, duplicated
 
     def _bucket(self, inst: _Instance, computed: int, duplicated: int) -> None:
         now = int(self.clock())

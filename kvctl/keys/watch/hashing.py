@@ -18,14 +18,21 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import hashlib
-from collections.abc import Sequence
+import pickle
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvctl.errors import UsageError
 from kvctl.keys.chain import MAX_TOKEN_ID, pack_tokens
 from kvctl.keys.profiles import KeyConfig, get_profile
-from kvctl.keys.profiles.vllm import VllmProfile, none_hash_seed, object_hash
+from kvctl.keys.profiles.vllm import (
+    PICKLE_PROTOCOL,
+    VllmProfile,
+    none_hash_seed,
+    object_hash,
+)
 
 _U64 = (1 << 64) - 1
 
@@ -64,6 +71,10 @@ class EventHasher(abc.ABC):
     def published(self, digest: bytes, like: int | bytes) -> int | bytes:
         """``digest`` in the form the engine publishes, the form of ``like`` (int or bytes)."""
 
+    @abc.abstractmethod
+    def published_int(self, digest: bytes) -> int:
+        """``digest`` as the engine publishes it as an int (the hot path's form)."""
+
 
 class VllmEventHasher(EventHasher):
     """vLLM's ``hash_block_tokens`` under one ``--prefix-caching-hash-algo`` and seed."""
@@ -72,7 +83,7 @@ class VllmEventHasher(EventHasher):
         self.profile = profile.name
         self.algo = profile.algo
         self.block_size = config.block_size
-        self.hash = object_hash(profile.algo)
+        self.hash = _direct_hash(profile.algo)
         seed, source = none_hash_seed(profile.algo, config.pythonhashseed, profile.era)
         self.seed_source = source
         self.root_unverifiable = (
@@ -93,6 +104,34 @@ class VllmEventHasher(EventHasher):
         if isinstance(like, bytes):
             return digest
         return int.from_bytes(digest[-8:], "big")
+
+    def published_int(self, digest: bytes) -> int:
+        return int.from_bytes(digest[-8:], "big")
+
+
+def _direct_hash(algo: str) -> Callable[[Any], bytes]:
+    """:func:`~kvctl.keys.profiles.vllm.object_hash` in one call frame (the hot path):
+    the same serialisation and digest, checked equal to it on first use."""
+    generic = object_hash(algo)
+    if algo.endswith("_cbor"):
+        import cbor2
+
+        dumps: Callable[[Any], bytes] = functools.partial(cbor2.dumps, canonical=True)
+    else:
+        dumps = functools.partial(pickle.dumps, protocol=PICKLE_PROTOCOL)
+    if algo.startswith("xxhash"):
+        import xxhash
+
+        def direct(obj: Any) -> bytes:
+            out: bytes = xxhash.xxh3_128_digest(dumps(obj))
+            return out
+    else:
+        sha256 = hashlib.sha256
+
+        def direct(obj: Any) -> bytes:
+            return sha256(dumps(obj)).digest()
+    probe = ("kvctl", (1, 2, 3), None)
+    return direct if direct(probe) == generic(probe) else generic
 
 
 def vllm_extra_keys(entry: Sequence[Any], lora_name: str | None,
@@ -145,6 +184,9 @@ class SglangEventHasher(EventHasher):
     def published(self, digest: bytes, like: int | bytes) -> int | bytes:
         if isinstance(like, bytes):
             return digest
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def published_int(self, digest: bytes) -> int:
         return int.from_bytes(digest[:8], "big", signed=True)
 
 

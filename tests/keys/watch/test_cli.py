@@ -1,0 +1,128 @@
+"""``kvctl verify-keys watch`` end to end: JSON lines, --record, --metrics-port, exit codes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.cli import CliResult
+from tests.fixtures.schemas import validate_document
+from tests.keys.watch.publisher import FixturePublisher, fixture_messages
+
+Kvctl = Callable[..., CliResult]
+LORA = ("--lora-paths", "sql-lora=/adapters/sql-lora")
+
+
+def _serve(pub: FixturePublisher, name: str, *, after: Callable[[], None] | None = None
+           ) -> threading.Thread:
+    """Publish fixture ``name`` once the watcher has subscribed (in a thread)."""
+
+    def run() -> None:
+        pub.wait_subscriber()
+        for m in fixture_messages(name):
+            assert m.seq is not None
+            pub.send(m.seq, m.payload)
+        if after is not None:
+            after()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def _lines(result: CliResult) -> list[dict[str, Any]]:
+    docs = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
+    for doc in docs:
+        validate_document(doc)
+    return docs
+
+
+def test_json_lines_and_a_record_replayable_as_a_trace(
+        kvctl: Kvctl, publishers: Callable[[str], FixturePublisher], tmp_path: Path) -> None:
+    pub = publishers("a")
+    thread = _serve(pub, "vllm_sha256_cbor")
+    record = tmp_path / "kv.jsonl"
+    result = kvctl("verify-keys", "watch", f"a={pub.url},replay={pub.replay_url}",
+                   "--profile", "vllm:sha256_cbor", *LORA, "--events", "18", "--duration",
+                   "20", "--json", "--record", str(record))
+    thread.join(timeout=10)
+    assert result.exit_code == 0, result.stderr
+    docs = _lines(result)
+    final = docs[-1]
+    assert final["kind"] == "keys.watch"
+    assert final["final"] is True
+    assert final["ok"]
+    row = final["instances"][0]
+    assert row["verified"] == row["blocks_seen"] == 47
+    assert row["blocks_held"] == 22
+    from kvctl.sim.trace_kvevents import read_kv_events
+
+    requests = list(read_kv_events(record))
+    assert len(requests) == 11  # one per BlockStored
+    assert requests[0].instance == "a"
+    assert requests[0].block_tokens == 16
+    assert requests[0].input_length == 16 * len(requests[0].hash_ids)
+
+
+def test_a_mismatch_fails_with_its_cause(
+        kvctl: Kvctl, publishers: Callable[[str], FixturePublisher]) -> None:
+    pub = publishers("x")
+    thread = _serve(pub, "vllm_sha256")
+    result = kvctl("verify-keys", "watch", pub.url, "--profile", "vllm:sha256_cbor", *LORA,
+                   "--events", "18", "--duration", "20", "--json")
+    thread.join(timeout=10)
+    assert result.exit_code == 1, result.stderr
+    docs = _lines(result)
+    mismatch = next(d for d in docs if d["kind"] == "keys.watch-finding"
+                    and d["finding"] == "mismatch")
+    assert mismatch["causes"][0]["setting"] == "profile"
+    assert mismatch["causes"][0]["b"] == "vllm:sha256"
+    final = docs[-1]
+    assert not final["ok"]
+    assert any(c["status"] == "fail" and c["name"].startswith("fidelity:")
+               for c in final["checks"])
+
+
+def test_metrics_endpoint_exports_the_counters(publishers: Callable[[str], FixturePublisher],
+                                               zctx: Any) -> None:
+    from kvctl.keys.profiles import KeyConfig
+    from kvctl.keys.watch.session import WatchOptions, WatchSession, serve_metrics
+    from kvctl.keys.watch.source import Endpoint
+
+    pub = publishers("m")
+    with WatchSession([Endpoint("m", pub.url)], KeyConfig(profile="vllm:sha256_cbor",
+                                                          block_size=16),
+                      WatchOptions(), context=zctx) as session:
+        pub.wait_subscriber()
+        for m in fixture_messages("vllm_sha256_cbor_seed1"):
+            assert m.seq is not None
+            pub.send(m.seq, m.payload)
+        for _ in range(200):
+            if session.checker.expected_seq("m") == 13:
+                break
+            session.step(0.05)
+        metrics = serve_metrics(session, "127.0.0.1", 0)
+        try:
+            assert metrics.address is not None
+            url = f"http://127.0.0.1:{metrics.address[1]}/metrics"
+            with urllib.request.urlopen(url, timeout=5) as r:
+                text = r.read().decode()
+        finally:
+            metrics.close()
+    assert 'kvctl_keys_watch_blocks_seen_total{instance="m"} 47.0' in text
+    assert 'kvctl_keys_watch_blocks_mismatched_total{instance="m"} 3.0' in text
+    for name in ("blocks_divergent_total", "blocks_duplicated_total", "blocks_held"):
+        assert f"kvctl_keys_watch_{name}" in text
+
+
+def test_a_bad_endpoint_is_a_usage_error(kvctl: Kvctl) -> None:
+    result = kvctl("verify-keys", "watch", "localhost:5557")
+    assert result.exit_code == 2
+    assert "has no URL" in result.stderr
+    result = kvctl("verify-keys", "watch", "tcp://127.0.0.1:1,replay")
+    assert result.exit_code == 2
+    assert "unknown option" in result.stderr
