@@ -353,7 +353,8 @@ def trace(
     capacities = _token_list(capacity_tokens, "--capacity-tokens")
     if instances <= 0:
         raise UsageError(f"--instances {instances} is not positive", "give --instances 1 or more")
-    configs = grid(capacities, instances=instances, routings=_routings(routing),
+    routings = _routings(routing)
+    configs = grid(capacities, instances=instances, routings=routings,
                    pool_tokens=_pool(pool_tokens))
     out = opts.output(json_mode=json_out)
     with out.progress("replaying requests") as bar:
@@ -379,7 +380,7 @@ def trace(
         payload = {
             "settings": {"file": str(file), "format": trace_fmt, "block_tokens": s.block_tokens,
                          "capacity_tokens": capacities, "instances": instances,
-                         "routing": routing.split(","), "pool_tokens": _pool(pool_tokens),
+                         "routing": routings, "pool_tokens": _pool(pool_tokens),
                          "seed": seed},
             "requests": s.requests, "input_tokens_mean": s.input_tokens_mean,
             "output_tokens_mean": s.output_tokens_mean, "ideal_hit_ratio": s.ideal_hit_ratio,
