@@ -136,7 +136,7 @@ def register_step(
 
 def step_kinds() -> dict[str, StepKind[Any]]:
     """Every registered step kind by name."""
-    from kvctl.runbook import steps  # noqa: F401 - registers the built-in kinds
+    from kvctl.runbook import steps, steps_keys_watch  # noqa: F401 - register the built-in kinds
 
     return dict(_STEPS)
 
