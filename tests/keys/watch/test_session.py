@@ -273,3 +273,45 @@ def test_bounded_runs_stop_by_themselves(zctx: Any, publishers: Publishers) -> N
         _until(session, session.done)
         assert time.monotonic() - start < 5
     assert zmq.zmq_version_info() >= (4,)
+
+
+def test_kvctl_binds_where_the_engine_connects(zctx: Any, ipc_dir: Any) -> None:
+    url = f"ipc://{ipc_dir}/bound"
+    found: list[Finding] = []
+    with WatchSession([Endpoint("c", url, bind=True)], VLLM, WatchOptions(),
+                      on_finding=found.append, context=zctx) as session:
+        pub = zctx.socket(zmq.XPUB)  # an engine given tcp://kvctl-host:P connects
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(url)
+        try:
+            # the bound SUB attaches the engine's pipe (and subscribes) while it is polled
+            _until(session, lambda: bool(pub.poll(0)))
+            pub.recv()
+            for m in fixture_messages("vllm_sha256_cbor"):
+                assert m.seq is not None
+                pub.send_multipart([b"", m.seq.to_bytes(8, "big"), m.payload])
+            _checked(session, "c", 13)
+        finally:
+            pub.close(0)
+        assert session.checker.stats("c").verified == VLLM_BLOCKS
+
+
+def test_the_view_renders_the_summary(zctx: Any, publishers: Publishers) -> None:
+    from rich.console import Console
+
+    from kvctl.commands._keys_watch_screen import render
+
+    a, b = publishers("a"), publishers("b")
+    session, found = _session(zctx, [a, b])
+    with session:
+        _checked(session, "a", _publish(a, "vllm_sha256_cbor"))
+        _checked(session, "b", _publish(b, "vllm_sha256_cbor_seed1"))
+        doc = session.summary(final=True)
+    console = Console(record=True, width=220)
+    console.print(render(doc, found, live=True))
+    text = console.export_text()
+    assert "PROBLEMS" in text
+    assert "a shared pool would have served" in text
+    assert "agreement: a / b" in text
+    assert "divergence" in text
+    assert "(q quits)" in text

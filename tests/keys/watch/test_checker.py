@@ -1,0 +1,111 @@
+"""The checker and the wire decoder without sockets: memory bounds, restarts seen by their
+timestamps, decoding odd payloads, endpoints' syntax, the record file and the trace reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from kvctl.errors import UsageError
+from kvctl.keys.profiles import KeyConfig
+from kvctl.keys.profiles.base import EngineOptions
+from kvctl.keys.watch.checker import Checker
+from kvctl.keys.watch.record import Recorder, read_record
+from kvctl.keys.watch.source import parse_endpoint
+from kvctl.keys.watch.wire import BadFrame, Batch, decode_payload, split_message
+from kvctl.sim.trace_kvevents import read_kv_events
+from tests.keys.watch.publisher import EVENTS, fixture_messages
+
+VLLM = KeyConfig(profile="vllm:sha256_cbor", block_size=16,
+                 options=EngineOptions(lora_paths=(("sql-lora", "/adapters/sql-lora"),)))
+
+
+def _feed(checker: Checker, name: str, fixture: str) -> None:
+    for m in fixture_messages(fixture):
+        assert m.seq is not None
+        checker.feed(name, m.seq, m.payload)
+
+
+def test_memory_is_bounded_by_max_blocks() -> None:
+    checker = Checker(VLLM, max_blocks=5)
+    checker.add_instance("a")
+    _feed(checker, "a", "vllm_sha256_cbor")
+    s = checker.stats("a")
+    assert checker.held("a") <= 5
+    assert len(checker.instances["a"].chain) <= 5
+    assert len(checker.owners) <= 5
+    assert s.forgotten_blocks > 0
+    assert s.mismatched == 0  # forgetting only makes blocks unverifiable, never wrong
+
+
+def test_a_restart_that_lost_its_first_messages_is_seen_by_its_timestamp() -> None:
+    checker = Checker(VLLM)
+    checker.add_instance("a")
+    _feed(checker, "a", "vllm_sha256_cbor")
+    later = msgspec.msgpack.encode([2e9, [{"type": "AllBlocksCleared"}], 0])
+    checker.feed("a", 2, later)  # seq 2 < 13 expected, but stamped after everything
+    assert checker.stats("a").restarts == 1
+    assert checker.held("a") == 0
+    checker.feed("a", 3, msgspec.msgpack.encode([1.0, [], 0]))
+    older = msgspec.msgpack.encode([1.0, [], 0])
+    checker.feed("a", 1, older)  # older than the last: a duplicate, dropped
+    assert checker.stats("a").reordered == 1
+
+
+def test_the_decoder_never_raises() -> None:
+    assert isinstance(decode_payload(b""), BadFrame)
+    assert isinstance(decode_payload(msgspec.msgpack.encode({"ts": 1})), BadFrame)
+    batch = decode_payload(msgspec.msgpack.encode([1.0, [{"no": "type"}, 7], None]))
+    assert isinstance(batch, Batch)
+    assert [u.tag for u in batch.unknown] == ["", ""]
+    assert isinstance(split_message([b"", b"\xff" * 8, b""]), BadFrame)  # seq -1 live
+
+
+def test_endpoint_syntax() -> None:
+    e = parse_endpoint("a=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558")
+    assert (e.name, e.url, e.replay, e.bind) == ("a", "tcp://10.0.0.5:5557",
+                                                 "tcp://10.0.0.5:5558", False)
+    assert parse_endpoint("tcp://*:5557").bind
+    assert parse_endpoint("ipc:///run/kv.sock,bind").bind
+    assert parse_endpoint("tcp://h:1").name == "h:1"
+    with pytest.raises(UsageError, match="unknown transport"):
+        parse_endpoint("udp://h:1")
+
+
+def test_a_record_reads_back_and_names_bad_lines(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    rec = Recorder(path, profile="vllm:sha256_cbor", block_size=16)
+    rec.message("a", 1.5, 0, b"t", b"payload")
+    rec.malformed("a", 1.6, [b"x"])
+    rec.close()
+    rec.close()
+    got = list(read_record(path))
+    assert [(m.instance, m.seq, m.payload) for m in got] == [("a", 0, b"payload"),
+                                                             ("a", None, b"")]
+    assert got[1].frames == (b"x",)
+    path.write_text(path.read_text() + '{"instance": "a"}\n')
+    with pytest.raises(UsageError, match="line 4"):
+        list(read_record(path))
+    path.write_text(json.dumps({"format": "other"}) + "\n")
+    with pytest.raises(UsageError, match="line 1"):
+        list(read_record(path))
+
+
+def test_the_trace_of_a_record_chains_from_the_root() -> None:
+    requests = list(read_kv_events(EVENTS / "vllm_sha256_cbor.jsonl"))
+    assert len(requests) == 11  # one per BlockStored
+    first, second = requests[0], requests[1]
+    assert len(first.hash_ids) == 8
+    assert first.input_length == 128
+    # the next turn of that session: its ancestors from the file, then its new block
+    assert second.hash_ids[:-1] == first.hash_ids
+    assert second.input_length == 16 * 9
+    assert all(r.instance == "vllm_sha256_cbor" and r.block_tokens == 16 for r in requests)
+    stamps = [r.timestamp_ms for r in requests]
+    assert stamps == sorted(stamps)
+    # two instances that hash alike share ids; the variant's system prompt is the same
+    variant = list(read_kv_events(EVENTS / "vllm_sha256_cbor_variant.jsonl"))
+    assert variant[0].hash_ids[:4] == first.hash_ids[:4]
