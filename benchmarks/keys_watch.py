@@ -11,7 +11,7 @@ on a small machine: blocks per CPU-second is what one watcher process sustains).
 markdown line; exit 1 if any block failed to verify.
 
     .venv/bin/python benchmarks/keys_watch.py                 # 400,000 blocks
-    .venv/bin/python benchmarks/keys_watch.py --blocks 100000 --per-event 4
+    .venv/bin/python benchmarks/keys_watch.py --blocks 100000 --per-event 4 --algo sha256
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ from kvctl.keys.watch.source import Endpoint
 BLOCK = 16
 
 
-def _payloads(blocks: int, per_event: int, seed: int) -> list[bytes]:
+def _payloads(blocks: int, per_event: int, seed: int, algo: str = "sha256_cbor"
+              ) -> list[bytes]:
     """Batches of one BlockStored each, chains of 4 events from a root (vLLM's hashes)."""
-    h = object_hash("sha256_cbor")
+    h = object_hash(algo)
     none_hash = h("vllm-none-hash")
     rnd = random.Random(seed)
     out: list[bytes] = []
@@ -76,10 +77,13 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=400_000, help="blocks in all")
     parser.add_argument("--per-event", type=int, default=8, help="blocks per BlockStored")
     parser.add_argument("--instances", type=int, default=1, help="publishers")
+    parser.add_argument("--algo", default="sha256_cbor", choices=("sha256_cbor", "sha256"),
+                        help="vLLM --prefix-caching-hash-algo of the events")
     args = parser.parse_args()
     per_instance = args.blocks // args.instances
     print(f"preparing {args.blocks:,} blocks...", file=sys.stderr)
-    streams = [_payloads(per_instance, args.per_event, seed) for seed in range(args.instances)]
+    streams = [_payloads(per_instance, args.per_event, seed, args.algo)
+               for seed in range(args.instances)]
     with tempfile.TemporaryDirectory(prefix="kvwb") as tmp:
         urls = [f"ipc://{Path(tmp)}/p{i}" for i in range(args.instances)]
         procs = [multiprocessing.Process(target=_publish, args=(u, s))
@@ -87,7 +91,7 @@ def main() -> None:
         for p in procs:
             p.start()
         endpoints = [Endpoint(f"i{i}", u) for i, u in enumerate(urls)]
-        config = KeyConfig(profile="vllm:sha256_cbor", block_size=BLOCK)
+        config = KeyConfig(profile=f"vllm:{args.algo}", block_size=BLOCK)
         total = sum(len(s) for s in streams)
         with WatchSession(endpoints, config, WatchOptions()) as session:
             first: float | None = None
@@ -105,7 +109,8 @@ def main() -> None:
             p.join(timeout=30)
     blocks = sum(s.blocks_seen for s in stats)
     verified = sum(s.verified for s in stats)
-    print(f"| {blocks:,} blocks ({args.per_event}/event, {args.instances} instances) | "
+    print(f"| {args.algo} | {blocks:,} blocks ({args.per_event}/event, {args.instances} "
+          "instances) | "
           f"{wall:.2f} s | {blocks / wall:,.0f} blocks/s | {total / wall:,.0f} events/s | "
           f"{blocks / cpu:,.0f} blocks per CPU-second of the watcher | verified {verified:,} |")
     sys.exit(0 if verified == blocks == per_instance // args.per_event * args.per_event

@@ -29,6 +29,7 @@ from kvctl.keys.chain import MAX_TOKEN_ID, pack_tokens
 from kvctl.keys.profiles import KeyConfig, get_profile
 from kvctl.keys.profiles.vllm import (
     PICKLE_PROTOCOL,
+    Shape,
     VllmProfile,
     none_hash_seed,
     object_hash,
@@ -94,11 +95,16 @@ class VllmEventHasher(EventHasher):
         if config.fields.lora_name:
             paths.setdefault(config.fields.lora_name, config.fields.lora_path)
         self.lora_paths = paths
+        self.tagged = profile.era.lora is Shape.TAGGED
 
     def block(self, parent: bytes | None, tokens: Sequence[int], extra: Any,
               lora_name: str | None, salt: str | None) -> bytes:
-        keys = None if extra is None else vllm_extra_keys(extra, lora_name, self.lora_paths)
-        return self.hash((parent or self.none_hash, tuple(tokens), keys))
+        parent = parent or self.none_hash
+        if extra is None:
+            return self.hash((parent, tuple(tokens), None))
+        keys = (vllm_extra_keys(extra, lora_name, self.lora_paths) if self.tagged
+                else _tuples(extra))
+        return self.hash((parent, tuple(tokens), keys))
 
     def published(self, digest: bytes, like: int | bytes) -> int | bytes:
         if isinstance(like, bytes):
@@ -107,6 +113,13 @@ class VllmEventHasher(EventHasher):
 
     def published_int(self, digest: bytes) -> int:
         return int.from_bytes(digest[-8:], "big")
+
+
+def _tuples(value: Any) -> Any:
+    """msgpack lists back to the tuples vLLM hashed (pickle tells them apart)."""
+    if isinstance(value, list | tuple):
+        return tuple(_tuples(v) for v in value)
+    return value
 
 
 def _direct_hash(algo: str) -> Callable[[Any], bytes]:
