@@ -40,8 +40,9 @@ def _id(h: BlockHash) -> int:
 
 
 @register_trace_format("kv-events", block_tokens=None,
-                       description="a 'kvctl verify-keys watch --record' file: one request "
-                                   "per BlockStored, its chain from the root")
+                       description="a 'kvctl verify-keys watch ENDPOINT --record FILE' "
+                                   "file: one request per BlockStored, its chain from the "
+                                   "root")
 def read_kv_events(path: Path) -> Iterator[TraceRequest]:
     """The requests of record file ``path`` (see the module docstring)."""
     parents: dict[tuple[str, int], int | None] = {}

@@ -99,7 +99,7 @@ class Recorder:
 
 def _bad(path: Path, line: int, problem: str) -> UsageError:
     return UsageError(f"{path} line {line}: {problem}",
-                      "give a file written by kvctl verify-keys watch --record")
+                      "give a file written by kvctl verify-keys watch ENDPOINT --record FILE")
 
 
 def read_record(path: Path) -> Iterator[RecordedMessage]:
