@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import gzip
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 from kvctl.errors import UnavailableError, UsageError
 
@@ -102,23 +103,38 @@ def _bad(path: Path, line: int, problem: str) -> UsageError:
                       "give a file written by kvctl verify-keys watch ENDPOINT --record FILE")
 
 
+#: Longest line :func:`read_record` accepts (a longer one is an error, never read whole).
+MAX_LINE_BYTES = 64 * 2**20
+
+
 def read_record(path: Path) -> Iterator[RecordedMessage]:
-    """The messages of record file ``path``, in file order.
+    """The messages of record file ``path`` (``.gz`` too), in file order.
 
     Raises:
-        UsageError: not a record file, or a malformed line (named).
+        UsageError: not a record file, or a malformed or overlong line (named).
     """
     try:
-        f = path.open("r", encoding="utf-8")
+        f: BinaryIO = (cast(BinaryIO, gzip.open(path, "rb")) if path.suffix == ".gz"  # noqa: SIM115
+                       else path.open("rb"))
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}",
                          "give the file --record wrote") from exc
     with f:
-        for number, text in enumerate(f, 1):
+        number = 0
+        while True:
+            number += 1
+            try:
+                text = f.readline(MAX_LINE_BYTES + 1)
+            except (OSError, EOFError) as exc:
+                raise _bad(path, number, f"cannot read ({exc})") from exc
+            if not text:
+                return
+            if len(text) > MAX_LINE_BYTES:
+                raise _bad(path, number, f"the line is longer than {MAX_LINE_BYTES:,} bytes")
             try:
                 doc = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise _bad(path, number, f"not JSON ({exc.msg})") from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise _bad(path, number, f"not JSON ({exc})") from None
             if not isinstance(doc, dict):
                 raise _bad(path, number, "not a JSON object")
             if number == 1:
