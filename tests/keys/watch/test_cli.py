@@ -126,3 +126,17 @@ def test_a_bad_endpoint_is_a_usage_error(kvctl: Kvctl) -> None:
     result = kvctl("verify-keys", "watch", "tcp://127.0.0.1:1,replay")
     assert result.exit_code == 2
     assert "unknown option" in result.stderr
+
+
+def test_text_mode_reports_a_dead_endpoint_and_fails(kvctl: Kvctl) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = kvctl("verify-keys", "watch", f"dead=tcp://127.0.0.1:{port}",
+                   "--profile", "vllm:sha256_cbor", "--duration", "1.5")
+    assert result.exit_code == 1
+    assert "nothing accepts connections" in result.stderr
+    assert "reachable: dead" in result.stdout
+    assert "a shared pool would have served 0 of 0" in result.stdout
