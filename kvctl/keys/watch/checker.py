@@ -120,8 +120,8 @@ class _Instance:
         self.last_ts: float | None = None
         #: published hash -> (recomputed digest, or why it has none; content key)
         self.chain: dict[BlockHash, tuple[bytes | str, bytes]] = {}
-        #: published hash -> content key, of the blocks held now
-        self.held: dict[BlockHash, bytes] = {}
+        #: held-block key (:func:`_held_key`) -> content key, of the blocks held now
+        self.held: dict[Any, bytes] = {}
         #: content key -> blocks held with it (two groups may hold one content)
         self.held_ck: dict[bytes, int] = {}
         self.stats = InstanceStats()
@@ -317,17 +317,23 @@ class Checker:
         self._find("bad-frame", "warning", inst, f"{inst.name}: {problem}: skipped")
 
     def _removed(self, inst: _Instance, event: BlockRemoved) -> None:
-        held, held_ck = inst.held, inst.held_ck
+        tier, group = _tier(event.medium), event.group_idx
         for h in event.block_hashes:
-            ck = held.pop(h, None)
-            if ck is None:
-                continue
-            inst.stats.removed_blocks += 1
-            left = held_ck.get(ck, 0) - 1
-            if left > 0:
-                held_ck[ck] = left
-            else:
-                held_ck.pop(ck, None)
+            if self._drop(inst, _held_key(tier, group, h)):
+                inst.stats.removed_blocks += 1
+
+    @staticmethod
+    def _drop(inst: _Instance, key: Any) -> bool:
+        ck = inst.held.pop(key, None)
+        if ck is None:
+            return False
+        held_ck = inst.held_ck
+        left = held_ck.get(ck, 0) - 1
+        if left > 0:
+            held_ck[ck] = left
+        else:
+            held_ck.pop(ck, None)
+        return True
 
     def _stored(self, inst: _Instance, ev: BlockStored, seq: int) -> None:
         stats = inst.stats
@@ -380,6 +386,9 @@ class Checker:
         owners, held, held_ck = self.owners, inst.held, inst.held_ck
         max_blocks, name = self.max_blocks, inst.name
         owner_cap = max_blocks * max(1, len(self.instances))
+        tier, group = _tier(ev.medium), ev.group_idx
+        plain = tier is None and not group  # held under the bare hash: the common case
+        prefill = tier is None  # a store to a lower tier is an offload, not a computation
         verified = mismatched = computed = duplicated = reused = 0
         unverifiable = stats.unverifiable
         for i, published in enumerate(hashes):
@@ -440,15 +449,17 @@ class Checker:
                 else:
                     owners[ck] = (name, published)
             # -- the pool: computed here while held elsewhere?
-            if published in held:
+            key = published if plain else _held_key(tier, group, published)
+            if key in held:
                 reused += 1
                 continue
             if len(held) >= max_blocks:
-                self._removed(inst, BlockRemoved([next(iter(held))]))
-                stats.removed_blocks -= 1
+                self._drop(inst, next(iter(held)))
                 stats.forgotten_blocks += 1
-            held[published] = ck
+            held[key] = ck
             held_ck[ck] = held_ck.get(ck, 0) + 1
+            if not prefill:
+                continue
             computed += 1
             for other in others:
                 if ck in other:
@@ -568,6 +579,17 @@ class Checker:
                                                                 _show(published)],
                             "root": root, "tokens": ev.token_ids[index * size:
                                                                  (index + 1) * size][:16]})
+
+
+def _tier(medium: str | None) -> str | None:
+    """``None`` for the GPU (where prefill happens), else the lower tier's name."""
+    return None if medium in (None, "GPU") else medium
+
+
+def _held_key(tier: str | None, group: int | None, h: BlockHash) -> Any:
+    """Held blocks are told apart by tier and KV-cache group besides their hash (a hybrid
+    model stores one hash per group; an offload stores it again on the CPU tier)."""
+    return h if tier is None and not group else (tier, group or 0, h)
 
 
 def _show(h: BlockHash) -> str:

@@ -109,3 +109,22 @@ def test_the_trace_of_a_record_chains_from_the_root() -> None:
     # two instances that hash alike share ids; the variant's system prompt is the same
     variant = list(read_kv_events(EVENTS / "vllm_sha256_cbor_variant.jsonl"))
     assert variant[0].hash_ids[:4] == first.hash_ids[:4]
+
+
+def test_groups_and_tiers_are_held_apart_and_offloads_are_not_prefill() -> None:
+    checker = Checker(VLLM)
+    checker.add_instance("a")
+    first = fixture_messages("vllm_sha256_cbor")[0].payload
+    event = msgspec.msgpack.decode(first)[1][0]
+    n = len(event["block_hashes"])
+    batches = [event, {**event, "group_idx": 1}, {**event, "medium": "CPU"}, event]
+    for seq, ev in enumerate(batches):
+        checker.feed("a", seq, msgspec.msgpack.encode([1.0, [ev], 0]))
+    s = checker.stats("a")
+    assert checker.held("a") == 3 * n  # GPU group 0, GPU group 1, CPU
+    assert s.computed_blocks == 2 * n  # the CPU copy is an offload
+    assert s.reused_blocks == n  # the last store re-announces what group 0 holds
+    assert s.verified == 4 * n
+    removed = {"type": "BlockRemoved", "block_hashes": event["block_hashes"], "medium": "CPU"}
+    checker.feed("a", 4, msgspec.msgpack.encode([1.0, [removed], 0]))
+    assert checker.held("a") == 2 * n
