@@ -128,3 +128,28 @@ def test_groups_and_tiers_are_held_apart_and_offloads_are_not_prefill() -> None:
     removed = {"type": "BlockRemoved", "block_hashes": event["block_hashes"], "medium": "CPU"}
     checker.feed("a", 4, msgspec.msgpack.encode([1.0, [removed], 0]))
     assert checker.held("a") == 2 * n
+
+
+def test_what_cannot_be_checked_says_why_and_a_block_size_is_named() -> None:
+    # xxhash with PYTHONHASHSEED unset: vLLM draws NONE_HASH at random per process
+    checker = Checker(KeyConfig(profile="vllm:xxhash", block_size=16))
+    checker.add_instance("x")
+    _feed(checker, "x", "vllm_sha256_cbor")
+    s = checker.stats("x")
+    assert s.mismatched == 0
+    assert s.verified == 0
+    assert any("random per process" in r for r in s.unverifiable)
+    # SGLang's salted requests are namespaced with seeds kvctl does not reproduce
+    sg = Checker(KeyConfig(profile="sglang", block_size=16))
+    sg.add_instance("s")
+    first = msgspec.msgpack.decode(fixture_messages("sglang")[0].payload)[1][0]
+    sg.feed("s", 0, msgspec.msgpack.encode([1.0, [{**first, "cache_salt": "t"}], 0]))
+    assert any("namespaces" in r for r in sg.stats("s").unverifiable)
+    # the configuration's block size differs from the instance's
+    wrong = Checker(KeyConfig(profile="vllm:sha256_cbor", block_size=32))
+    wrong.add_instance("w")
+    _feed(wrong, "w", "vllm_sha256_cbor")
+    assert wrong.stats("w").mismatched == 47
+    (finding,) = [f for f in wrong.findings if f.kind == "mismatch"]
+    assert finding.causes[0].setting == "block_size"
+    assert (finding.causes[0].a, finding.causes[0].b) == ("32", "16")
