@@ -20,6 +20,9 @@ from typing import Any
 from kvctl.errors import UnavailableError, UsageError
 from kvctl.keys.watch.wire import END_SEQ, decode_seq, encode_seq
 
+#: Messages queued per subscription before ZeroMQ drops (vLLM's PUB default hwm).
+RCV_HWM = 100_000
+
 
 def _zmq() -> Any:
     try:
@@ -128,7 +131,9 @@ class Subscriber:
         zmq = self._zmq
         sock = self.ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.setsockopt(zmq.RCVHWM, 0)  # unlimited: kvctl must not drop what it checks
+        # Bounded like vLLM's own PUB (hwm 100,000): a watch that falls behind loses
+        # messages there, sees the gap and fills it from the replay endpoint.
+        sock.setsockopt(zmq.RCVHWM, RCV_HWM)
         sock.setsockopt(zmq.LINGER, 0)
         monitor = sock.get_monitor_socket()
         self.subs[sock] = e.name

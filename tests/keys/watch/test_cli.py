@@ -140,3 +140,30 @@ def test_text_mode_reports_a_dead_endpoint_and_fails(kvctl: Kvctl) -> None:
     assert "nothing accepts connections" in result.stderr
     assert "reachable: dead" in result.stdout
     assert "a shared pool would have served 0 of 0" in result.stdout
+
+
+def test_a_record_across_a_filled_gap_replays_like_the_whole_stream(
+        kvctl: Kvctl, publishers: Callable[[str], FixturePublisher], tmp_path: Path) -> None:
+    from kvctl.sim.trace_kvevents import read_kv_events
+    from tests.keys.watch.publisher import EVENTS
+
+    pub = publishers("a")
+
+    def run() -> None:
+        pub.wait_subscriber()
+        for m in fixture_messages("vllm_sha256_cbor"):
+            assert m.seq is not None
+            pub.send(m.seq, m.payload, live=m.seq not in range(3, 7))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    record = tmp_path / "kv.jsonl"
+    result = kvctl("verify-keys", "watch", f"a={pub.url},replay={pub.replay_url}",
+                   "--profile", "vllm:sha256_cbor", *LORA, "--events", "18", "--duration",
+                   "20", "--json", "--record", str(record))
+    thread.join(timeout=10)
+    assert result.exit_code == 0, result.stderr
+    got = [list(r.hash_ids) for r in read_kv_events(record)]
+    want = [list(r.hash_ids) for r in read_kv_events(EVENTS / "vllm_sha256_cbor.jsonl")]
+    assert got == want
+    assert any(d.get("finding") == "gap-filled" for d in _lines(result))
