@@ -173,6 +173,9 @@ class Checker:
         self.instances: dict[str, _Instance] = {}
         #: content key -> (instance, published hash): who published that content first
         self.owners: dict[bytes, tuple[str, BlockHash]] = {}
+        #: content key -> its verified digest, whichever instance verified it first (the
+        #: same content after the same verified ancestry is not hashed again)
+        self.digests: dict[bytes, bytes] = {}
         self.divergent_pairs: dict[tuple[str, str], int] = {}
         self.findings: list[Finding] = []
         self.findings_total: collections.Counter[str] = collections.Counter()
@@ -384,6 +387,7 @@ class Checker:
         n_extra = len(extra) if extra is not None else 0
         lora_b = b"" if lora is None else lora.encode()
         owners, held, held_ck = self.owners, inst.held, inst.held_ck
+        digests = self.digests
         max_blocks, name = self.max_blocks, inst.name
         owner_cap = max_blocks * max(1, len(self.instances))
         tier, group = _tier(ev.medium), ev.group_idx
@@ -406,9 +410,9 @@ class Checker:
                 mismatched += 1
                 counted = True
             elif reason is None:
-                seen = chain.get(published)
-                if seen is not None and seen[1] == ck and isinstance(seen[0], bytes):
-                    mine = seen[0]  # the same content after the same verified ancestry
+                cached = digests.get(ck)
+                if cached is not None:
+                    mine = cached
                 else:
                     try:
                         mine = block_fn(digest, block, entry, lora, salt)
@@ -418,6 +422,10 @@ class Checker:
                     if (as_int(mine) if type(published) is int
                             else hasher.published(mine, published)) == published:
                         verified += 1
+                        if cached is None:
+                            if len(digests) >= owner_cap:
+                                del digests[next(iter(digests))]
+                            digests[ck] = mine
                     else:
                         mismatched += 1
                         counted = True

@@ -37,6 +37,7 @@ def test_memory_is_bounded_by_max_blocks() -> None:
     assert checker.held("a") <= 5
     assert len(checker.instances["a"].chain) <= 5
     assert len(checker.owners) <= 5
+    assert len(checker.digests) <= 5
     assert s.forgotten_blocks > 0
     assert s.mismatched == 0  # forgetting only makes blocks unverifiable, never wrong
 
@@ -153,3 +154,22 @@ def test_what_cannot_be_checked_says_why_and_a_block_size_is_named() -> None:
     (finding,) = [f for f in wrong.findings if f.kind == "mismatch"]
     assert finding.causes[0].setting == "block_size"
     assert (finding.causes[0].a, finding.causes[0].b) == ("32", "16")
+
+
+def test_content_verified_once_is_not_hashed_again() -> None:
+    checker = Checker(VLLM)
+    checker.add_instance("a")
+    checker.add_instance("b")
+    calls = []
+    block = checker.hasher.block
+
+    def counting(*args: object) -> bytes:
+        calls.append(1)
+        return block(*args)  # type: ignore[arg-type]
+
+    checker.hasher.block = counting  # type: ignore[method-assign]
+    _feed(checker, "a", "vllm_sha256_cbor")
+    hashed = len(calls)
+    _feed(checker, "b", "vllm_sha256_cbor")  # the same traffic on a second instance
+    assert len(calls) == hashed
+    assert checker.stats("b").verified == 47
