@@ -77,12 +77,14 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=400_000, help="blocks in all")
     parser.add_argument("--per-event", type=int, default=8, help="blocks per BlockStored")
     parser.add_argument("--instances", type=int, default=1, help="publishers")
+    parser.add_argument("--shared", action="store_true",
+                        help="every instance publishes the same traffic (all duplicates)")
     parser.add_argument("--algo", default="sha256_cbor", choices=("sha256_cbor", "sha256"),
                         help="vLLM --prefix-caching-hash-algo of the events")
     args = parser.parse_args()
     per_instance = args.blocks // args.instances
     print(f"preparing {args.blocks:,} blocks...", file=sys.stderr)
-    streams = [_payloads(per_instance, args.per_event, seed, args.algo)
+    streams = [_payloads(per_instance, args.per_event, 0 if args.shared else seed, args.algo)
                for seed in range(args.instances)]
     with tempfile.TemporaryDirectory(prefix="kvwb") as tmp:
         urls = [f"ipc://{Path(tmp)}/p{i}" for i in range(args.instances)]
@@ -109,8 +111,9 @@ def main() -> None:
             p.join(timeout=30)
     blocks = sum(s.blocks_seen for s in stats)
     verified = sum(s.verified for s in stats)
+    shared = ", shared traffic" if args.shared else ""
     print(f"| {args.algo} | {blocks:,} blocks ({args.per_event}/event, {args.instances} "
-          "instances) | "
+          f"instances{shared}) | "
           f"{wall:.2f} s | {blocks / wall:,.0f} blocks/s | {total / wall:,.0f} events/s | "
           f"{blocks / cpu:,.0f} blocks per CPU-second of the watcher | verified {verified:,} |")
     sys.exit(0 if verified == blocks == per_instance // args.per_event * args.per_event
