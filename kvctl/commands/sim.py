@@ -288,13 +288,15 @@ def _routings(text: str) -> list[TraceRouting]:
 def trace(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(
-        help="The trace: Mooncake JSONL (one request a line; .gz too).", show_default=False)],
+        help="The trace: Mooncake JSONL (one request a line), or a 'verify-keys watch "
+        "--record' file with --format kv-events; .gz too.", show_default=False)],
     trace_fmt: Annotated[str, typer.Option(
-        "--format", help="Trace format: mooncake (Mooncake JSONL); an unknown name lists "
-        "the known ones.",
+        "--format", help="Trace format: mooncake (Mooncake JSONL) or kv-events (a "
+        "'verify-keys watch --record' file); an unknown name lists the known ones.",
         rich_help_panel=_TR)] = "mooncake",
     block_tokens: Annotated[int | None, typer.Option(
-        help="Tokens per block id. (default: the format's: 512 for Mooncake)",
+        help="Tokens per block id. (default: the format's: 512 for Mooncake, the records' "
+        "block_size for kv-events)",
         rich_help_panel=_TR, show_default=False)] = None,
     capacity_tokens: Annotated[str, typer.Option(
         help="Local LRU prefix cache per instance, tokens, comma-separated to compare "

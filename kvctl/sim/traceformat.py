@@ -31,7 +31,7 @@ from pathlib import Path
 from kvctl.errors import UsageError
 
 #: Modules whose import registers trace formats (imported lazily, in this order).
-_FORMAT_MODULES: tuple[str, ...] = ("kvctl.sim.trace_mooncake",)
+_FORMAT_MODULES: tuple[str, ...] = ("kvctl.sim.trace_mooncake", "kvctl.sim.trace_kvevents")
 
 #: Longest record line a reader accepts, bytes (a longer one is an error, never read whole).
 MAX_LINE_BYTES = 64 * 2**20

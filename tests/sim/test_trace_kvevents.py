@@ -7,7 +7,6 @@ import gzip
 from collections.abc import Callable
 from pathlib import Path
 
-import kvctl.sim.trace_kvevents  # noqa: F401 - registers the format (until traceformat lists it)
 from tests.fixtures.cli import CliResult
 
 EVENTS = Path(__file__).resolve().parents[1] / "keys" / "events"
