@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from kvctl.metrics import ServerMetrics
     from kvctl.store.master.election import Election
-    from kvctl.store.statebase import StateBackend
+    from kvctl.store.state.base import StateBackend
 
 _log = logging.getLogger("kvctl.store")
 

@@ -25,8 +25,8 @@ from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master.election import Election
 from kvctl.store.server import MasterServer
 from kvctl.store.settings import DEFAULT_PORT, StoreSettings
-from kvctl.store.statebase import StateBackend
-from kvctl.store.writebehind import MetadataState
+from kvctl.store.state.base import StateBackend
+from kvctl.store.state.writebehind import MetadataState
 
 
 def reserve(host: str, port: int) -> socket.socket:

@@ -65,7 +65,7 @@ def _wait(cond: Any, timeout_s: float, what: str) -> None:
 def _records(net: HostNet, host: Host) -> int:
     """Object records in etcd, counted from host C (a range read through its JSON API)."""
     done = host.run([sys.executable, "-c", (
-        "from kvctl.store.writebehind import read_state; "
+        "from kvctl.store.state.writebehind import read_state; "
         f"print(len(read_state('etcd://{net[2].address}:2379').objects))")], timeout=30)
     assert done.returncode == 0, done.stderr
     return int(done.stdout.strip())

@@ -28,7 +28,7 @@ from kvctl.store.errors import ObjectNotFoundError, StoreUnavailableError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.node import StorageNode
 from kvctl.store.server import MasterServer
-from kvctl.store.writebehind import read_state
+from kvctl.store.state.writebehind import read_state
 from kvctl.transfer import OpCode, SegmentNotFoundError, TransferEngine, TransferRequest
 from kvctl.transfer.paths import RetryPolicy
 from tests.fixtures.cli import CliResult

@@ -27,7 +27,7 @@ from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master.election import Election, leader_key, read_leader
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
-from kvctl.store.writebehind import read_state
+from kvctl.store.state.writebehind import read_state
 from tests.fixtures.servers import ServerProcess, free_port
 from tests.reliability.conftest import ROOT, make_value, wait_for
 

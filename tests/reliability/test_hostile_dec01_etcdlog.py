@@ -1,7 +1,7 @@
 """Hostile tests of etcd state as a log of batches over fuzzy snapshots
-(kvctl/store/etcdlog.py, kvctl/store/writebehind.py): an acknowledged change is durable or
-was never acknowledged, whatever the process is killed in, and etcd's own limits do not
-wedge a master."""
+(kvctl/store/state/etcdlog.py, kvctl/store/state/writebehind.py): an acknowledged change
+is durable or was never acknowledged, whatever the process is killed in, and etcd's own
+limits do not wedge a master."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from kvctl.metadata.etcd import EtcdMetadata
 from kvctl.store.errors import StoreUnavailableError
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
-from kvctl.store.statebase import JournalEntry
-from kvctl.store.writebehind import read_state
+from kvctl.store.state.base import JournalEntry
+from kvctl.store.state.writebehind import read_state
 from tests.fixtures.servers import ServerProcess, make_etcd
 
 pytestmark = pytest.mark.integration
@@ -428,7 +428,7 @@ def test_an_elected_master_is_fenced_before_it_loads(etcd_url: str) -> None:
     and it learns it was deposed."""
     from kvctl.store.embedded import start_master
     from kvctl.store.settings import StoreSettings
-    from kvctl.store.statebase import StateBackend
+    from kvctl.store.state.base import StateBackend
 
     cluster = f"prefence-{secrets.token_hex(4)}"
     prefix = f"kvctl/{cluster}/store/"
@@ -537,7 +537,7 @@ def test_a_snapshot_chunk_replaced_by_fewer_records_stops_the_load(etcd_url: str
     """A chunk of the snapshot the manifest names overwritten with a well-formed chunk of
     other records (none here): the chunk count is right, so the load used to go on with
     those records missing; the manifest's record count now catches it."""
-    from kvctl.store.etcdlog import pack
+    from kvctl.store.state.etcdlog import pack
 
     cluster = f"chunk-{secrets.token_hex(4)}"
     prefix = f"kvctl/{cluster}/store/"

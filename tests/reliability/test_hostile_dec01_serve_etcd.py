@@ -176,7 +176,7 @@ def test_a_put_refused_during_an_etcd_stall_says_the_master_keeps_it(
     answer of a second try through the master), though the first was recorded and became
     durable once etcd answered. Then either serve leads on (nobody claimed in time) or
     the standby takes over and serve exits 3, deposed; the state holds every put."""
-    from kvctl.store.writebehind import read_state
+    from kvctl.store.state.writebehind import read_state
 
     etcd = spawn_etcd()
     pid = etcd._proc.pid  # type: ignore[union-attr]

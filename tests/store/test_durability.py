@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from kvctl.store import journal
 from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreFullError, StoreUnavailableError
@@ -24,7 +23,7 @@ from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.node import StorageNode
 from kvctl.store.rpc import MasterConnection
 from kvctl.store.server import MasterServer
-from kvctl.store.state import JournalState, NoState
+from kvctl.store.state import JournalState, NoState, journal
 from tests.store.conftest import wait_for
 from tests.store.test_master import Clock, node, put
 

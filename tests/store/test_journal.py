@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import kvctl.store.journal as journal
+import kvctl.store.state.journal as journal
 from kvctl.store import protocol as p
 from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.server import MasterServer

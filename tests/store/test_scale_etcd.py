@@ -20,7 +20,7 @@ from kvctl.store.master import MasterConfig, MasterCore
 from kvctl.store.rpc import MasterConnection
 from kvctl.store.server import MasterServer
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
-from kvctl.store.writebehind import read_state
+from kvctl.store.state.writebehind import read_state
 from tests.fixtures.servers import ServerProcess
 from tests.store.conftest import Cluster, wait_for
 

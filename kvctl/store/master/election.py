@@ -26,7 +26,7 @@ host and pid):
   that also requires the term key unchanged, so it keeps leading in the same term only
   if no other master claimed in between.
 - **Fencing**: every state transaction of the leader carries ``mod_revision(term key) ==
-  term`` (:class:`~kvctl.store.writebehind.MetadataState`), so once another master has
+  term`` (:class:`~kvctl.store.state.writebehind.MetadataState`), so once another master has
   claimed, nothing the old leader sends applies, whether it was paused, cut off or its
   request was still on the wire when it died.
 - **Deposed**: another master's claim (seen in the term key, by a failed take-back or by

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from kvctl.store.allocator import ExtentAllocator
 from kvctl.store.master.records import RESTORED, Node, Obj, Replica
-from kvctl.store.statebase import (
+from kvctl.store.state.base import (
     LOAD_ATTEMPTS,
     DeleteObject,
     NodeRecord,

@@ -1,7 +1,7 @@
 """``--state etcd://HOST:PORT`` (any metadata URL): master state in a metadata service,
 written behind the master's lock.
 
-In etcd the state is a log of batches over a snapshot (:mod:`kvctl.store.etcdlog`), under
+In etcd the state is a log of batches over a snapshot (:mod:`kvctl.store.state.etcdlog`), under
 ``kvctl/[cluster/]store/``, so a standby master started with the same URL loads it and
 takes over.
 
@@ -39,7 +39,16 @@ import msgspec
 
 from kvctl.errors import UsageError
 from kvctl.store.errors import StoreUnavailableError
-from kvctl.store.etcdlog import (
+from kvctl.store.state.base import (
+    JournalEntry,
+    LoadedState,
+    NodeRecord,
+    ObjectRecord,
+    Snapshot,
+    StateBackend,
+    register_state,
+)
+from kvctl.store.state.etcdlog import (
     CHUNK_BYTES,
     OLD_LAYOUT,
     EtcdSnapshot,
@@ -50,14 +59,6 @@ from kvctl.store.etcdlog import (
     pack,
     per_key_records,
     too_large,
-)
-from kvctl.store.statebase import (
-    JournalEntry,
-    LoadedState,
-    NodeRecord,
-    ObjectRecord,
-    Snapshot,
-    StateBackend,
 )
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class MetadataState(StateBackend):
         self._failing_since: float | None = None
         self._stop = False
         self.txns = 0
-        # etcd's log (see kvctl.store.etcdlog): the next batch's sequence number (learnt
+        # etcd's log (see kvctl.store.state.etcdlog): the next batch's sequence number (learnt
         # from etcd's revision: None until then), what the log holds since the snapshot
         self._instance = secrets.token_hex(4)
         self._next_seq: int | None = None
@@ -583,6 +584,20 @@ class MetadataState(StateBackend):
             _log.warning("master state %s: %d change(s) could not be written before close",
                          self.description, left)
         self._client.close()
+
+
+def _open_metadata_state(spec: str, cluster_id: str, token: str | None) -> StateBackend:
+    return MetadataState(spec, cluster_id=cluster_id, token=token)
+
+
+def register_metadata_schemes() -> None:
+    """Register :class:`MetadataState` for every metadata URL scheme
+    (:func:`kvctl.metadata.known_schemes`) that no other backend took: ``file://`` stays
+    the journal's. Safe to call again."""
+    from kvctl.metadata import known_schemes
+
+    for scheme in known_schemes():
+        register_state(scheme)(_open_metadata_state)
 
 
 def read_state(url: str, *, cluster_id: str = "", token: str | None = None) -> LoadedState:

@@ -3,7 +3,7 @@
 Under ``kvctl/[cluster/]store/``:
 
 - ``log/<seq>.<writer>``: one key per write-behind batch (one etcd transaction), its value a
-  msgpack array of :data:`~kvctl.store.statebase.JournalEntry` records, compressed
+  msgpack array of :data:`~kvctl.store.state.base.JournalEntry` records, compressed
   (:func:`pack`), so a batch of thousands of changes costs etcd one key, not one per
   change. ``seq`` (24 hex digits) is the writer's etcd revision when it started, shifted
   32 bits, plus a counter: a master started later (a restart, a standby that took over)
@@ -40,7 +40,7 @@ import msgspec
 from kvctl.metadata import MetadataError
 from kvctl.metadata.etcd import EtcdMetadata, prefix_range_end
 from kvctl.store.errors import StoreUnavailableError
-from kvctl.store.statebase import (
+from kvctl.store.state.base import (
     DeleteNode,
     DeleteObject,
     JournalEntry,

@@ -12,7 +12,7 @@ failure saying why not. A backend that cannot record changes says so through
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
@@ -207,3 +207,30 @@ class NoState(StateBackend):
 
     def delete_node(self, node_id: str) -> None:
         pass
+
+
+#: ``factory(spec, cluster_id, token)``: the backend a ``scheme://...`` state spec names.
+StateFactory = Callable[[str, str, str | None], StateBackend]
+
+_SCHEMES: dict[str, StateFactory] = {}
+
+
+def register_state(scheme: str) -> Callable[[StateFactory], StateFactory]:
+    """Decorator: make ``factory`` the backend of ``scheme://`` state specs (the first
+    backend to register a scheme keeps it)."""
+
+    def decorate(factory: StateFactory) -> StateFactory:
+        _SCHEMES.setdefault(scheme, factory)
+        return factory
+
+    return decorate
+
+
+def state_factory(scheme: str) -> StateFactory | None:
+    """The backend registered for ``scheme``, or ``None``."""
+    return _SCHEMES.get(scheme)
+
+
+def registered_schemes() -> list[str]:
+    """The schemes registered so far, sorted."""
+    return sorted(_SCHEMES)

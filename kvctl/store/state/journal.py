@@ -2,7 +2,7 @@
 
 Files in ``DIR`` (created ``0700``, files ``0600``):
 
-- ``journal-<gen>.log``: length-prefixed records (:data:`~kvctl.store.statebase.JournalEntry`),
+- ``journal-<gen>.log``: length-prefixed records (:data:`~kvctl.store.state.base.JournalEntry`),
   one segment per master run and per snapshot; a torn last record (a crash mid-write) is
   ignored;
 - ``snapshot-<gen>.msgpack``: the same records, nodes first, written *from the master's
@@ -45,7 +45,7 @@ from pathlib import Path
 import msgspec
 
 from kvctl.errors import UsageError
-from kvctl.store.statebase import (
+from kvctl.store.state.base import (
     DeleteNode,
     DeleteObject,
     JournalEntry,
@@ -54,6 +54,7 @@ from kvctl.store.statebase import (
     ObjectRecord,
     Snapshot,
     StateBackend,
+    register_state,
 )
 
 _log = logging.getLogger("kvctl.store.state")
@@ -94,6 +95,13 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     while view:
         done = os.write(fd, view)
         view = view[done:]
+
+
+@register_state("file")
+def _open_journal(spec: str, cluster_id: str, token: str | None) -> StateBackend:
+    """``file:///DIR``: the journal in ``DIR`` (a bare ``DIR`` is one too, see
+    :func:`~kvctl.store.state.open_state`)."""
+    return JournalState(Path(spec[len("file://"):]))
 
 
 class JournalState(StateBackend):
