@@ -28,6 +28,7 @@ from kvctl.metadata import open_metadata
 from kvctl.output import CHECK_STATUSES, KIND_RE
 from kvctl.store.embedded import EmbeddedStore
 from kvctl.store.settings import StoreSettings
+from kvctl.units import DEPRECATED_KEYS
 from tests.cluster.test_commands import SMALL, cluster  # noqa: F401 - the fixture
 from tests.fixtures.cli import CliResult
 from tests.fixtures.schemas import REPO, SCHEMAS, schema_kinds, schema_path, validate_document
@@ -52,10 +53,34 @@ def emitted_kinds() -> set[str]:
     return found | {MANIFEST_KIND}
 
 
+#: Old names of renamed unit keys (schema 1), by their new name (docs/json.md).
+OLD_NAMES = {old: new for new, old in DEPRECATED_KEYS.items()}
+#: A key that says "gbps": read as gigabits by most network tools, so never a name of its own.
+UNITLESS = ("gbps", "gbitps")
+
+
+def unitless_keys(value: Any, path: str = "") -> list[str]:
+    """Where a JSON value has a key ending in ``gbps`` that is not a deprecated alias written
+    next to its new name with the same value."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key.endswith(UNITLESS):
+                new = OLD_NAMES.get(key)
+                if new is None or new not in value or value[new] != item:
+                    found.append(f"{path}/{key}")
+            found += unitless_keys(item, f"{path}/{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += unitless_keys(item, f"{path}/{i}")
+    return found
+
+
 def _checked(result: CliResult, kind: str, codes: tuple[int, ...] = (0,)) -> dict[str, Any]:
     assert result.exit_code in codes, (result.exit_code, result.stderr[-2000:])
     doc = json.loads(result.stdout)
     assert validate_document(doc) == kind
+    assert unitless_keys(doc) == [], f"{kind}: a *gbps key without its *_gbytes_per_s twin"
     if "checks" in doc and "ok" in doc:  # a verdict: ok is false exactly when a check failed
         assert doc["ok"] is not any(c["status"] == "fail" for c in doc["checks"]), doc["checks"]
     return doc
@@ -103,6 +128,45 @@ def test_docs_list_every_kind_with_its_schema() -> None:
         assert f"| `{kind}` |" in text, kind
         assert f"(schemas/{kind}.schema.json)" in text, kind
     assert "(json.md)" in (REPO / "docs" / "index.md").read_text()
+
+
+def _schema_objects(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object schema (one with ``properties``) in ``node``, with its path."""
+    if isinstance(node, dict):
+        if isinstance(node.get("properties"), dict):
+            yield path, node
+        for key, item in node.items():
+            yield from _schema_objects(item, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _schema_objects(item, f"{path}/{i}")
+
+
+@pytest.mark.parametrize("kind", sorted(schema_kinds()))
+def test_no_schema_requires_a_gbps_key_and_every_alias_is_deprecated(kind: str) -> None:
+    """Scripts must not be told to read ``gbps``: docs/json.md renamed every such key to
+    name its unit; the old name may stay, as a deprecated alias of the new one, never
+    required (a document of the next schema version will not have it)."""
+    schema = json.loads(schema_path(kind).read_text())
+    for path, obj in _schema_objects(schema):
+        required = obj.get("required", [])
+        assert not [k for k in required if k.endswith(UNITLESS)], (kind, path, required)
+        for key, prop in obj["properties"].items():
+            if not key.endswith(UNITLESS):
+                continue
+            assert key in OLD_NAMES, f"{kind} {path}: {key} is not a documented old name"
+            assert prop.get("deprecated") is True, (kind, path, key)
+            assert OLD_NAMES[key] in obj["properties"], (kind, path, key)
+            assert OLD_NAMES[key] in required or not required, (kind, path, OLD_NAMES[key])
+        for example in obj.get("examples", []):
+            assert unitless_keys(example) == [], (kind, path)
+
+
+def test_the_gbps_walk_catches_a_key_without_its_twin() -> None:
+    assert unitless_keys({"a": [{"gbps": 1.0, "gbytes_per_s": 1.0}]}) == []
+    assert unitless_keys({"a": [{"gbps": 1.0}]}) == ["/a/0/gbps"]
+    assert unitless_keys({"rate_gbps": 8.0, "rate_gbits_per_s": 1.0}) == ["/rate_gbps"]
+    assert unitless_keys({"link_gbps": 1.0}) == ["/link_gbps"]
 
 
 def test_a_document_that_breaks_its_schema_is_caught() -> None:

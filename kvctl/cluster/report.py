@@ -17,6 +17,7 @@ from typing import Any
 
 from kvctl.cluster.bench import ClusterBenchReport, PairOutcome
 from kvctl.cluster.diagnosis import Culprit, Diagnosis, Evidence
+from kvctl.cluster.protocol import RowSummary
 from kvctl.units import format_size
 
 
@@ -114,15 +115,26 @@ def diagnosis_payload(d: Diagnosis, report: ClusterBenchReport) -> dict[str, Any
             "unreachable": [e.label() for e in d.unreachable]}
 
 
-def outcome_payload(o: PairOutcome) -> dict[str, Any]:
-    """One pair as JSON (its rows in full)."""
+#: Wire names of an agent's rows (:class:`~kvctl.cluster.protocol.RowSummary`; agents of the
+#: last release still speak them) and their names in ``--json``, which name the unit as
+#: ``bench transfer``'s do. The envelope adds the old names back, deprecated, for one release.
+ROW_KEYS = {"gbps": "gbytes_per_s", "line_rate_gbps": "line_rate_gbytes_per_s"}
+
+
+def row_payload(row: RowSummary) -> dict[str, Any]:
+    """One agent's row as JSON: GB/s under ``gbytes_per_s`` and ``line_rate_gbytes_per_s``."""
     import msgspec
 
+    return {ROW_KEYS.get(k, k): v for k, v in msgspec.to_builtins(row).items()}
+
+
+def outcome_payload(o: PairOutcome) -> dict[str, Any]:
+    """One pair as JSON (its rows in full)."""
     return {"a": o.a.label(), "b": o.b.label(), "a_address": o.a_address,
             "b_address": o.b_address, "state": o.state, "gbytes_per_s": o.gbps,
             "read_gbytes_per_s": o.op_gbps("read"), "write_gbytes_per_s": o.op_gbps("write"),
             "verified": o.verified, "error": o.error, "round": o.round_index,
-            "duration_s": o.duration_s, "rows": [msgspec.to_builtins(r) for r in o.rows]}
+            "duration_s": o.duration_s, "rows": [row_payload(r) for r in o.rows]}
 
 
 def report_payload(report: ClusterBenchReport) -> dict[str, Any]:

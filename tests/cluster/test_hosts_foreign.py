@@ -29,4 +29,4 @@ def test_mooncake_runs_between_two_agents(ns_cluster: MakeCluster) -> None:
     for row in rows:
         assert row["errors"] == 0, row
         assert row["verified"] is True, row
-        assert row["gbps"] > 0, row
+        assert row["gbytes_per_s"] > 0, row
