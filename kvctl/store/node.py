@@ -34,7 +34,6 @@ from kvctl.net.advertise import (
 from kvctl.net.bind import is_loopback, is_unspecified, parse_listen
 from kvctl.store import protocol as p
 from kvctl.store.errors import StoreUnavailableError
-from kvctl.store.master import SSD_POLICIES
 from kvctl.store.rpc import MasterConnection
 from kvctl.store.sharedtier.writer import SharedWriter
 from kvctl.store.shmmap import SharedMapping
@@ -111,7 +110,7 @@ class StorageNode:
         if capacity_bytes <= 0:
             raise UsageError(f"node capacity {capacity_bytes} is not positive",
                              "give --capacity a size such as 1GiB")
-        if ssd_policy not in SSD_POLICIES or (ssd_dir is not None and ssd_policy == "off"):
+        if ssd_policy not in p.SSD_POLICIES or (ssd_dir is not None and ssd_policy == "off"):
             raise UsageError(f"unknown SSD policy {ssd_policy!r}",
                              "use write-through or write-back")
         self.master = master

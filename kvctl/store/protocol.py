@@ -401,6 +401,11 @@ class Nodes(Struct, frozen=True, tag="nodes"):
     pass
 
 
+#: What a node's SSD tier may do (:attr:`RegisterNode.ssd_policy`): the node checks its own
+#: setting against these, the master what a node registers with.
+SSD_POLICIES = ("off", "write-through", "write-back")
+
+
 class RegisterNode(Struct, frozen=True, tag="register"):
     node_id: str
     epoch: str

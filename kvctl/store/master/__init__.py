@@ -6,12 +6,8 @@ rule lives); :class:`MasterConfig` its knobs.
 
 from typing import TYPE_CHECKING
 
-from kvctl.store.master.config import (
-    EVICTED_MEMORY,
-    MIN_RESERVATION_BYTES,
-    SSD_POLICIES,
-    MasterConfig,
-)
+from kvctl.store.master.config import EVICTED_MEMORY, MIN_RESERVATION_BYTES, MasterConfig
+from kvctl.store.protocol import SSD_POLICIES
 
 if TYPE_CHECKING:
     from kvctl.store.master.core import MasterCore

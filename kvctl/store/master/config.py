@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-SSD_POLICIES = ("off", "write-through", "write-back")
 #: Smallest reservation worth granting (less is refused: put through the master instead).
 MIN_RESERVATION_BYTES = 64 << 10
 #: How many evicted keys the master remembers, to answer "evicted" instead of "not found".

@@ -25,7 +25,6 @@ from collections.abc import Callable
 
 from kvctl.store import protocol as p
 from kvctl.store.master.base import Job, MasterBase, err
-from kvctl.store.master.config import SSD_POLICIES
 from kvctl.store.master.records import ALIVE, DROPPED, RESTORED, SUSPECT, Node, Obj
 
 _log = logging.getLogger("kvctl.store.master")
@@ -101,9 +100,9 @@ class LivenessMixin(MasterBase):
 
     def register_node(self, msg: p.RegisterNode) -> p.ErrorInfo | None:
         """Add (or re-adopt after a master restart or a stall) a storage node."""
-        if msg.ssd_policy not in SSD_POLICIES:
+        if msg.ssd_policy not in p.SSD_POLICIES:
             return err("bad_request", f"unknown SSD policy {msg.ssd_policy!r}",
-                       f"use one of {', '.join(SSD_POLICIES)}")
+                       f"use one of {', '.join(p.SSD_POLICIES)}")
         if msg.capacity_bytes <= 0 or msg.ssd_capacity_bytes < 0:
             return err("bad_request", "node capacity must be positive")
         with self._cond:
