@@ -425,7 +425,10 @@ class LocalSegment:
         self._owned_paths = list(owned_paths)
         self._inflight = 0
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        #: no new transfer may start (set by :meth:`close` and :meth:`retire`)
         self.closed = False
+        self._freed = False
 
     @property
     def size_bytes(self) -> int:
@@ -454,9 +457,17 @@ class LocalSegment:
             self._inflight += count
 
     def release(self, count: int = 1) -> None:
-        """Count ``count`` transfers as finished."""
+        """Count ``count`` transfers as finished (the last one out of a retired segment
+        unmaps it: see :meth:`retire`)."""
         with self._lock:
             self._inflight -= count
+            if not self.closed or self._inflight > 0:
+                return
+            self._idle.notify_all()
+            if self._freed:
+                return
+            self._freed = True
+        self._free()
 
     @property
     def inflight(self) -> int:
@@ -478,6 +489,32 @@ class LocalSegment:
             if self.closed:
                 return
             self.closed = True
+            self._freed = True
+        self._free()
+
+    def retire(self, wait_s: float) -> bool:
+        """Close without ever unmapping memory a transfer is using: no new transfer may
+        start (``closed`` is set, and whoever acquires checks it), those in flight get up
+        to ``wait_s`` seconds to finish, and the memory goes now if they did, else when the
+        last of them releases the segment. Idempotent.
+
+        Returns:
+            whether the segment is free now (``False``: transfers still hold it).
+        """
+        with self._lock:
+            self.closed = True
+            if self._freed:
+                return True
+            self._idle.wait_for(lambda: self._inflight <= 0, timeout=max(0.0, wait_s))
+            if self._freed:  # the last transfer out freed it while we waited
+                return True
+            if self._inflight > 0:
+                return False
+            self._freed = True
+        self._free()
+        return True
+
+    def _free(self) -> None:
         for buf in self.buffers:
             buf.close()
         for path in self._owned_paths:
