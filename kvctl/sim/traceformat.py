@@ -25,6 +25,7 @@ import functools
 import gzip
 import importlib
 import io
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -163,7 +164,7 @@ def bounded_lines(
 
     Raises:
         TraceInputError: a line is longer than ``max_line_bytes``, or the stream fails
-            (e.g. a truncated ``.gz``).
+            (e.g. a truncated or corrupt ``.gz``).
     """
     if max_line_bytes is None:
         max_line_bytes = MAX_LINE_BYTES
@@ -172,9 +173,9 @@ def bounded_lines(
         number += 1
         try:
             data = stream.readline(max_line_bytes + 1)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a corrupt .gz
             raise bad_record(path, number, f"cannot read: {exc}",
-                             "check that the file is complete (a .gz must not be truncated)"
+                             "check that the file is complete and not corrupt (a .gz: gzip -t)"
                              ) from exc
         if not data:
             return

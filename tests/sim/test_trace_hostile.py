@@ -1,0 +1,38 @@
+"""``kvctl sim trace`` against hostile input and flags: each is an ``Error:``/``Hint:`` with
+exit code 2 (never an unexpected-error exit), or a result the docs promise."""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+Kvctl = Callable[..., Any]
+
+
+def _rows(n: int) -> bytes:
+    return b"".join(b'{"timestamp": %d, "input_length": 1000, "hash_ids": [1, 2]}\n' % i
+                    for i in range(n))
+
+
+def _refused(r: Any, *words: str) -> None:
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    for word in ("Error:", "Hint:", *words):
+        assert word in r.stderr, r.stderr
+    for word in ("unexpected", "Traceback"):
+        assert word not in r.stderr, r.stderr
+
+
+def test_a_corrupt_gz_is_named_not_an_unexpected_error(kvctl: Kvctl, tmp_path: Path) -> None:
+    data = bytearray(gzip.compress(_rows(2000)))
+    data[10:12] = b"\xff\xff"  # the first deflate block: an invalid block type
+    path = tmp_path / "t.jsonl.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(zlib.error):
+        gzip.decompress(bytes(data))
+    _refused(kvctl("sim", "trace", str(path), "--json"), f"{path} line 1: cannot read")
+
