@@ -459,6 +459,10 @@ def replay_trace(
         last_ts = ts
         if first_ts is None:
             first_ts = ts
+        elif not math.isfinite(ts - first_ts):  # e.g. -1e308 then 1e308: no finite span
+            raise bad_record(path, req.line,
+                             f"timestamp {ts:g} ms is too far from the first ({first_ts:g} ms)",
+                             "give timestamps in milliseconds from one origin")
         tokens = req.input_length
         keys = req.hash_ids
         n = len(keys)

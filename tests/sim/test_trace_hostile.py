@@ -36,3 +36,9 @@ def test_a_corrupt_gz_is_named_not_an_unexpected_error(kvctl: Kvctl, tmp_path: P
         gzip.decompress(bytes(data))
     _refused(kvctl("sim", "trace", str(path), "--json"), f"{path} line 1: cannot read")
 
+
+def test_timestamps_without_a_finite_span_are_named(kvctl: Kvctl, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": -1e308, "input_length": 10, "hash_ids": [1]}\n'
+                    '{"timestamp": 1e308, "input_length": 10, "hash_ids": [1]}\n')
+    _refused(kvctl("sim", "trace", str(path), "--json"), f"{path} line 2: timestamp 1e+308")
