@@ -624,13 +624,7 @@ def status(
         out.emit_json("store.status", {"backend": "kvctl", "master": address,
                                        **_status_dict(st)})
         return
-    reserved = (f" ({format_size(st.reserved_bytes)} of it reserved by clients for puts)"
-                if st.reserved_bytes else "")
-    out.print(f"master {address}: {plural(st.objects, 'object')}, "
-              f"{format_size(st.used_bytes)} of {format_size(st.capacity_bytes)} DRAM "
-              f"used{reserved}, {plural(st.evictions, 'eviction')} "
-              f"({st.ssd_evictions} from SSD), {st.lost} lost; tiers "
-              + ", ".join(f"{k} {v}" for k, v in st.tiers.items()) + f"; state {st.state}")
+    out.print(status_headline(address, st))
     table = Table(title="nodes", title_justify="left")
     for col in ("node", "state", "DRAM used", "objects", "SSD", "SSD used", "SSD state",
                 "endpoint", "last seen"):
@@ -660,6 +654,31 @@ def status(
                            f"{n.ssd_error}", style="yellow"))
     if st.shared is not None:
         _print_shared(out, st.shared)
+
+
+def status_headline(address: str, st: p.StoreStatus) -> str:
+    """The first line of 'store status': every total the sum of the parts it names.
+
+    The objects split by tier (``shared``: only in the shared tier); the DRAM of every node
+    the table lists, alive nodes' and the others' (suspect, restored) apart; the objects
+    unreadable now (every copy on a node that is not alive: kept until its grace ends)
+    apart from those lost (forgotten)."""
+    reserved = (f", {format_size(st.reserved_bytes)} of it reserved by clients for puts"
+                if st.reserved_bytes else "")
+    alive = [n for n in st.nodes if n.alive]
+    others = [n for n in st.nodes if not n.alive]
+    dram = (f"DRAM {format_size(st.used_bytes)} of {format_size(st.capacity_bytes)} used on "
+            f"{plural(len(alive), 'alive node')}{reserved}")
+    if others:
+        states = "/".join(sorted({n.state or "down" for n in others}))
+        dram += (f" + {format_size(sum(n.used_bytes for n in others))} of "
+                 f"{format_size(sum(n.capacity_bytes for n in others))} on "
+                 f"{plural(len(others), f'{states} node')} (no placements)")
+    tiers = ", ".join(f"{k} {v}" for k, v in st.tiers.items())
+    return (f"master {address}: {plural(st.objects, 'object')} (tiers {tiers}), "
+            f"{st.unreadable} unreadable now (only on suspect nodes: lost unless they come "
+            f"back), {st.lost} lost; {dram}; {plural(st.evictions, 'eviction')} "
+            f"({st.ssd_evictions} from SSD); state {st.state}")
 
 
 def _print_shared(out: Output, sh: p.SharedTierStatus) -> None:

@@ -172,6 +172,8 @@ class StoreStatus(Struct, frozen=True):
     evictions: int
     ssd_evictions: int
     lost: int
+    #: objects per tier (``dram``, ``ssd``, ``dram+ssd``, ``shared``: only in the shared
+    #: tier); they add up to ``objects``.
     tiers: dict[str, int]
     state: str
     high_watermark: float
@@ -183,6 +185,10 @@ class StoreStatus(Struct, frozen=True):
     dropped: list[NodeStatus] = msgspec.field(default_factory=list)
     #: the shared tier (``kvctl store master --shared-tier``), ``None`` without one.
     shared: SharedTierStatus | None = None
+    #: objects kept but unreadable now: every copy is on a node that is not alive
+    #: (suspect), none in the shared tier; lost if the node is dropped (``lost`` counts the
+    #: objects already forgotten). ``capacity_bytes``/``used_bytes`` count alive nodes only.
+    unreadable: int = 0
 
 
 class SharedTierStatus(Struct, frozen=True):

@@ -73,7 +73,7 @@ def test_status_and_prefix_list_do_not_grow_with_the_store() -> None:
         fill(core, n)
         fill(core, 100, prefix="hot/")
     assert big.status().objects == 100_100
-    assert big.status().tiers == {"dram": 100_100, "ssd": 0, "dram+ssd": 0}
+    assert big.status().tiers == {"dram": 100_100, "ssd": 0, "dram+ssd": 0, "shared": 0}
     for call in (lambda c: c.status(), lambda c: c.list_objects("hot/", 100),
                  lambda c: c.list_objects("nothing/", 100)):
         t_small = best_of(lambda: call(small))  # noqa: B023 - used at once

@@ -1,7 +1,7 @@
 """The committed objects: by key, in key order, and counted per tier.
 
 Everything a status or a prefix listing needs is kept up to date as objects change, so
-neither ever walks the whole store: :attr:`ObjectIndex.tiers` is three counters, and
+neither ever walks the whole store: :attr:`ObjectIndex.tiers` is four counters, and
 :meth:`ObjectIndex.prefix` is a bisection into the sorted keys
 (:class:`~kvctl.store.sortedchunks.SortedChunks`: O(log n) search, invisible to the garbage
 collector) followed by at most ``limit + 1`` steps. The dict of objects holds only strings
@@ -22,6 +22,8 @@ from kvctl.store.master.records import Node, Obj, Replica
 from kvctl.store.sortedchunks import SortedChunks
 
 TIERS = ("dram", "ssd", "dram+ssd")
+#: The tier of an object with no DRAM nor SSD copy: its only copy is in the shared tier.
+SHARED_ONLY = "shared"
 
 
 def _tier(obj: Obj) -> int:
@@ -95,8 +97,10 @@ class ObjectIndex:
 
     @property
     def tiers(self) -> dict[str, int]:
-        """Objects per tier: ``dram``, ``ssd``, ``dram+ssd``."""
-        return dict(zip(TIERS, self._tiers[1:], strict=True))
+        """Objects per tier: ``dram``, ``ssd``, ``dram+ssd``, and ``shared``: objects whose
+        only copy is in the shared tier (a copy there besides DRAM or SSD is not counted
+        apart). The counts add up to the objects indexed."""
+        return {**dict(zip(TIERS, self._tiers[1:], strict=True)), SHARED_ONLY: self._tiers[0]}
 
     def prefix(self, prefix: str, limit: int) -> tuple[list[Obj], bool]:
         """Objects whose key starts with ``prefix`` in key order, at most ``limit``, and

@@ -151,8 +151,25 @@ class QueriesMixin(MasterBase):
         with self._lock:
             return [n.address() for n in self._nodes.values() if n.alive]
 
+    def _unreadable_now(self) -> int:
+        """Objects kept whose every copy is on a node that is not alive (suspect, or restored
+        and not registered again), with none in the shared tier: readable again if the node
+        comes back, lost if it is dropped. O(objects on such nodes)."""
+        found: set[str] = set()
+        for n in self._nodes.values():
+            if n.alive or n.dropped:
+                continue
+            for obj in (*n.lru.values(), *n.ssd_lru.values()):
+                if (obj.key in found or obj.shared or not self._index.holds(obj)
+                        or any(r.node.alive for r in obj.replicas)
+                        or any(s.alive for s in obj.ssd)):
+                    continue
+                found.add(obj.key)
+        return len(found)
+
     def status(self) -> p.StoreStatus:
-        """Nodes, capacity, usage, evictions and objects per tier (O(nodes + reservations))."""
+        """Nodes, capacity, usage, evictions and objects per tier (O(nodes + reservations +
+        objects on nodes that are not alive))."""
         with self._lock:
             seen_now = self._observed()
             nodes = [p.NodeStatus(
@@ -168,6 +185,7 @@ class QueriesMixin(MasterBase):
                 capacity_bytes=sum(n.capacity_bytes for n in nodes if n.alive),
                 used_bytes=sum(n.used_bytes for n in nodes if n.alive),
                 evictions=self.evictions, ssd_evictions=self.ssd_evictions, lost=self.lost,
+                unreadable=self._unreadable_now(),
                 tiers=self._index.tiers, state=self.state.description,
                 high_watermark=self.config.high_watermark, evict_ratio=self.config.evict_ratio,
                 reserved_bytes=sum(res.free.free_bytes * len(res.starts)
