@@ -13,7 +13,7 @@ from kvctl.commands._common import JsonOpt, global_options, renamed_flag
 from kvctl.config import CommonSettings, redacted
 from kvctl.errors import UsageError
 from kvctl.output import Output
-from kvctl.sim.plot import plot_recompute, plot_trace
+from kvctl.sim.plot import check_trace_plot_path, plot_recompute, plot_trace
 from kvctl.sim.replay import CellResult
 from kvctl.sim.run import PoolReport, simulate_pool
 from kvctl.sim.settings import SimSettings
@@ -358,6 +358,8 @@ def trace(
     routings = _routings(routing)
     configs = grid(capacities, instances=instances, routings=routings,
                    pool_tokens=_pool(pool_tokens))
+    if plot is not None:  # before the replay, which can take a minute
+        check_trace_plot_path(plot)
     out = opts.output(json_mode=json_out)
     with out.progress("replaying requests") as bar:
         task = bar.task_ids[0]

@@ -104,6 +104,33 @@ def plot_recompute(
     return path
 
 
+def check_trace_plot_path(path: Path) -> None:
+    """Refuse a ``--plot`` path the trace plot cannot be written to, before the replay.
+
+    matplotlib picks the image format from the name's suffix, and writes ``NAME.png`` for a
+    name without one: so the name must end in a format it knows, and not be a directory.
+
+    Raises:
+        UnavailableError: matplotlib is not installed.
+        UsageError: a directory, a missing parent directory, or a suffix that names no
+            image format matplotlib writes.
+    """
+    formats = _figure().canvas.get_supported_filetypes()
+    suffix = path.suffix.lower().lstrip(".")
+    if path.is_dir():
+        raise UsageError(f"--plot {path} is a directory", "give a file name, e.g. hit.png")
+    if suffix not in formats:
+        what = f".{suffix} is not an image format matplotlib writes" if suffix else \
+            "the name has no image format suffix"
+        raise UsageError(
+            f"--plot {path}: {what}",
+            f"end the name in .png (or one of: {', '.join('.' + f for f in sorted(formats))})",
+        )
+    if not path.parent.is_dir():
+        raise UsageError(f"cannot write plot {path}: no directory {path.parent}",
+                         "give a --plot path in an existing directory")
+
+
 def plot_trace(replay: TraceReplay, path: Path, *, title: str = "") -> Path:
     """Write a PNG of a trace replay: prefix hit ratio against local capacity per token
     (log x), one line per configuration family (instances, routing, pool), with the ideal
@@ -111,7 +138,8 @@ def plot_trace(replay: TraceReplay, path: Path, *, title: str = "") -> Path:
 
     Raises:
         UnavailableError: matplotlib is not installed.
-        UsageError: the file cannot be written.
+        UsageError: the file cannot be written, or its name is refused by
+            :func:`check_trace_plot_path`.
     """
     fig = _figure()
     fig.set_size_inches(7, 8)
@@ -160,6 +188,7 @@ def plot_trace(replay: TraceReplay, path: Path, *, title: str = "") -> Path:
     bottom.grid(alpha=0.3)
     bottom.legend(fontsize="x-small")
     fig.tight_layout()
+    check_trace_plot_path(path)
     try:
         fig.savefig(path, dpi=120)
     except OSError as exc:

@@ -42,3 +42,33 @@ def test_timestamps_without_a_finite_span_are_named(kvctl: Kvctl, tmp_path: Path
     path.write_text('{"timestamp": -1e308, "input_length": 10, "hash_ids": [1]}\n'
                     '{"timestamp": 1e308, "input_length": 10, "hash_ids": [1]}\n')
     _refused(kvctl("sim", "trace", str(path), "--json"), f"{path} line 2: timestamp 1e+308")
+
+
+def _ok_trace(tmp_path: Path) -> str:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(_rows(3))
+    return str(path)
+
+
+@pytest.mark.parametrize(("name", "words"), [
+    ("hit.xyz", ".xyz is not an image format"),
+    ("hit", "no image format suffix"),   # matplotlib would write hit.png and we said "hit"
+    (".", "is a directory"),             # matplotlib would write ..png beside it
+    ("absent/hit.png", "no directory"),
+])
+def test_a_bad_plot_path_is_refused_before_the_replay(kvctl: Kvctl, tmp_path: Path, name: str,
+                                                      words: str) -> None:
+    pytest.importorskip("matplotlib")
+    before = set(tmp_path.parent.iterdir())
+    r = kvctl("sim", "trace", str(tmp_path / "missing.jsonl"), "--plot", str(tmp_path / name))
+    _refused(r, words)  # the plot's error, not the missing trace's: checked first
+    assert set(tmp_path.parent.iterdir()) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plot_goes_where_it_says(kvctl: Kvctl, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    r = kvctl("sim", "trace", _ok_trace(tmp_path), "--plot", str(tmp_path / "hit.svg"))
+    assert r.exit_code == 0, r.stderr
+    assert (tmp_path / "hit.svg").read_bytes().lstrip().startswith(b"<?xml")
+    assert f"wrote {tmp_path / 'hit.svg'}" in r.stdout + r.stderr
