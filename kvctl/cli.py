@@ -30,7 +30,7 @@ from kvctl.clihelp import polish
 from kvctl.commands._common import GlobalOptions
 from kvctl.config import read_config_file
 from kvctl.errors import ExitCode, KvctlError, UnavailableError, UsageError
-from kvctl.output import print_error
+from kvctl.output import print_error, safe_log_lines
 
 _HELP = """kvctl: check the KV-cache fabric of disaggregated LLM inference.
 
@@ -73,6 +73,7 @@ def _root(
     if quiet:
         level = logging.ERROR
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    safe_log_lines(logging.getLogger())  # a foreign key or host name cannot drive the terminal
     ctx.obj = options = GlobalOptions(config=config, verbose=verbose, quiet=quiet)
     # A broken config file fails every command, also those that read no setting from it.
     config_file = options.config_file()

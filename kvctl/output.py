@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import math
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -29,6 +31,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from kvctl import SCHEMA_VERSION
 from kvctl.errors import KvctlError, UnavailableError
@@ -57,6 +60,60 @@ def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
         return None
     return obj
+
+
+#: Characters a terminal acts on rather than prints: every C0 control (tab and newline too),
+#: DEL, every C1 control (CSI, OSC, DCS, ST... as single code points), and the Unicode
+#: bidirectional overrides and isolates that reorder what follows them on screen.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe_text(value: object) -> str:
+    """``value`` as text a terminal cannot act on: every control character (ESC, so any
+    CSI/OSC/DCS sequence; C1; DEL; tab and newline; bidi overrides) written out visibly as a
+    Python-style escape (``\\x1b``, ``\\x9d``, ``\\u202e``), everything else as it is.
+
+    Use it for every table cell and log line that carries text someone else wrote (metadata
+    keys and values, host records, job errors): JSON output escapes these already.
+    """
+    return _CONTROL_RE.sub(_escape, str(value))
+
+
+def _safe_lines(value: str) -> str:
+    return "\n".join(safe_text(line) for line in value.split("\n"))
+
+
+def safe_cell(value: object, style: str = "") -> Text:
+    """``value`` as a Rich cell: :func:`safe_text`, and never parsed as Rich markup (so a
+    foreign ``[link=...]`` cannot become an OSC 8 hyperlink either)."""
+    return Text(safe_text(value), style=style)
+
+
+def safe_markup(value: object) -> str:
+    """``value`` for a Rich string that is parsed as markup (``Output.warn``/``info``):
+    :func:`safe_text`, with Rich's brackets escaped."""
+    return escape(safe_text(value))
+
+
+class SafeFormatter(logging.Formatter):
+    """A log formatter whose messages go through :func:`safe_text` (a traceback it appends
+    keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = safe_text(record.message)
+        return super().formatMessage(record)
+
+
+def safe_log_lines(logger: logging.Logger) -> None:
+    """Give each of ``logger``'s handlers a :class:`SafeFormatter` with its format kept."""
+    for handler in logger.handlers:
+        fmt = handler.formatter._fmt if handler.formatter is not None else None
+        handler.setFormatter(SafeFormatter(fmt))
 
 
 #: A document's ``kind``: the command's words, dotted (``bench.transfer``, ``doctor.env``);
@@ -170,7 +227,7 @@ class Output:
 
 def print_error(err: KvctlError) -> None:
     """Render a library error as ``Error: ...`` / ``Hint: ...`` on stderr (no markup parsing)."""
-    sys.stderr.write(f"Error: {err.cause}\n")
+    sys.stderr.write(f"Error: {_safe_lines(err.cause)}\n")
     if err.hint:
-        sys.stderr.write(f"Hint: {err.hint}\n")
+        sys.stderr.write(f"Hint: {_safe_lines(err.hint)}\n")
     sys.stderr.flush()

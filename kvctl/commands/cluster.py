@@ -18,7 +18,7 @@ from rich.text import Text
 from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, stop_on_signal
 from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
-from kvctl.output import Output, check_entry
+from kvctl.output import Output, check_entry, safe_cell, safe_markup
 from kvctl.units import parse_duration
 from kvctl.wording import plural
 
@@ -117,10 +117,10 @@ def ls(ctx: typer.Context, metadata: MetadataOpt = None, json_out: JsonOpt = Fal
         r = e.record
         state = Text("live", style="green") if e.trusted else Text("untrusted", style="red")
         if r is None:
-            table.add_row(e.name, state, "-", "-", "-", "-", "-", "-", "-")
+            table.add_row(safe_cell(e.name), state, "-", "-", "-", "-", "-", "-", "-")
             continue
-        version = Text(r.version + (" (skew)" if e.skew else ""),
-                       style="yellow" if e.skew else "")
+        version = safe_cell(r.version + (" (skew)" if e.skew else ""),
+                            style="yellow" if e.skew else "")
         gpus = ", ".join(f"{g.name} {g.model}" for g in r.gpus) or "-"
         nics = ", ".join(f"{n.name} {n.rate_gbps:g}G {n.state}" if n.rate_gbps else
                          f"{n.name} {n.state}" for n in r.nics) or "-"
@@ -130,13 +130,13 @@ def ls(ctx: typer.Context, metadata: MetadataOpt = None, json_out: JsonOpt = Fal
                                                                 ("info", d.infos)) if n)
                              or "clean")
         up = _age(r.started_at)
-        table.add_row(e.name, state, r.address, version, gpus, nics,
-                      Text(doctor, style="red" if d.errors else ""), ",".join(r.transports),
-                      up)
+        table.add_row(safe_cell(e.name), state, safe_cell(r.address), version, safe_cell(gpus),
+                      safe_cell(nics), safe_cell(doctor, style="red" if d.errors else ""),
+                      safe_cell(",".join(r.transports)), up)
     _console(out).print(table)
     for e in entries:
         if not e.trusted:
-            out.warn(f"{e.name}: {e.problem}")
+            out.warn(safe_markup(f"{e.name}: {e.problem}"))
 
 
 def _age(started_at: float) -> str:

@@ -18,7 +18,7 @@ from kvctl.metadata import MetadataServer, MetadataSettings, key_prefix, open_co
 from kvctl.metadata.settings import DEFAULT_PORT
 from kvctl.metrics import ServerMetrics
 from kvctl.net.bind import parse_listen
-from kvctl.output import Output
+from kvctl.output import Output, safe_cell
 from kvctl.wording import plural
 
 app = typer.Typer(help="kvctl's metadata server, and what is published in a metadata service.\n\n"
@@ -160,7 +160,7 @@ def ls(
         preview = "<binary>" if shown is None else shown.replace("\n", " ")
         if len(preview) > _PREVIEW_CHARS:
             preview = preview[:_PREVIEW_CHARS - 1] + "…"
-        table.add_row(Text(key), str(len(value)), Text(preview))
+        table.add_row(safe_cell(key), str(len(value)), safe_cell(preview))
     out.print(table)
 
 

@@ -13,6 +13,7 @@ from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait
 from kvctl.commands.metadata import shared_metadata
 from kvctl.config import CommonSettings
 from kvctl.metadata import MetadataSettings, open_configured
+from kvctl.output import safe_cell
 from kvctl.transfer.admin import list_segments, lookup_segment, remove_segment
 from kvctl.transfer.engine import TransferEngine
 from kvctl.transfer.segments import SegmentInfo
@@ -109,7 +110,7 @@ def list_(
     for column in ("name", "kind", "size", "engine", "address", "transports", "host"):
         table.add_column(column, overflow="fold")
     for info in infos:
-        table.add_row(*(Text(cell) for cell in _row(info)))
+        table.add_row(*(safe_cell(cell) for cell in _row(info)))
     out.print(table)
 
 
@@ -134,7 +135,8 @@ def show(
     if json_:
         out.emit_json("segment.show", {"segment": info})
         return
-    table = Table(title=f"segment {info.name}", title_justify="left", show_header=False)
+    table = Table(title=safe_cell(f"segment {info.name}"), title_justify="left",
+                  show_header=False)
     table.add_column("field")
     table.add_column("value", overflow="fold")
     for field, value in [("kind", info.kind), ("size", format_size(info.size_bytes)),
@@ -142,13 +144,14 @@ def show(
                          ("addresses", ",".join(info.addresses)),
                          ("transports", ",".join(info.transports)),
                          ("auth", "token required" if info.auth else "open")]:
-        table.add_row(field, Text(value))
+        table.add_row(field, safe_cell(value))
     out.print(table)
     buffers = Table(title="buffers", title_justify="left")
     for column in ("offset (B)", "length (B)", "location", "path"):
         buffers.add_column(column, overflow="fold")
     for buf in info.buffers:
-        buffers.add_row(str(buf.offset), str(buf.length), buf.location, Text(buf.path or "-"))
+        buffers.add_row(str(buf.offset), str(buf.length), safe_cell(buf.location),
+                        safe_cell(buf.path or "-"))
     out.print(buffers)
 
 
