@@ -26,7 +26,7 @@ from kvctl.sim.trace import (
     grid,
     replay_trace,
 )
-from kvctl.sim.trace_cost import TraceCost, trace_cost
+from kvctl.sim.trace_cost import TraceCost, apply_cost, cost_model
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
 
@@ -321,6 +321,9 @@ def trace(
     gpu: Annotated[str | None, typer.Option(
         help="GPU whose peak rates prefill (as plan readback: e.g. 'H100 SXM').",
         rich_help_panel=_TV, show_default=False)] = None,
+    gpu_tflops: Annotated[float | None, typer.Option(
+        help="GPU peak dense TFLOP/s instead of --gpu's table entry (as plan readback).",
+        rich_help_panel=_TV, show_default=False)] = None,
     gpus: Annotated[int, typer.Option(help="GPUs one prefill runs on (with --gpu).",
                                       rich_help_panel=_TV)] = 1,
     efficiency: Annotated[float, typer.Option(help="Fraction of the GPU's peak prefill "
@@ -358,7 +361,16 @@ def trace(
     routings = _routings(routing)
     configs = grid(capacities, instances=instances, routings=routings,
                    pool_tokens=_pool(pool_tokens))
-    if plot is not None:  # before the replay, which can take a minute
+    # Everything a flag can get wrong is refused before the replay, which can take a minute.
+    costs = None
+    if model is not None:
+        costs = cost_model(model=model, prefill_tps=prefill_tps, gpu=gpu, gpu_tflops=gpu_tflops,
+                           gpus=gpus, efficiency=efficiency, nic_gbytes_per_s=nic_gbytes_per_s,
+                           bench_file=bench_file)
+    elif any(v is not None for v in (prefill_tps, gpu, gpu_tflops, nic_gbytes_per_s,
+                                     bench_file)):
+        raise UsageError("the cost view needs --model", "add --model NAME (e.g. llama-3-70b)")
+    if plot is not None:
         check_trace_plot_path(plot)
     out = opts.output(json_mode=json_out)
     with out.progress("replaying requests") as bar:
@@ -369,13 +381,7 @@ def trace(
 
         replay = replay_trace(file, configs, format_name=trace_fmt, block_tokens=block_tokens,
                               seed=seed, on_progress=advance)
-    cost = None
-    if model is not None:
-        cost = trace_cost(replay, model=model, prefill_tps=prefill_tps, gpu=gpu, gpus=gpus,
-                          efficiency=efficiency, nic_gbytes_per_s=nic_gbytes_per_s,
-                          bench_file=bench_file)
-    elif any(v is not None for v in (prefill_tps, gpu, nic_gbytes_per_s, bench_file)):
-        raise UsageError("the cost view needs --model", "add --model NAME (e.g. llama-3-70b)")
+    cost = None if costs is None else apply_cost(replay, costs)
     if plot is not None:
         plot_trace(replay, plot, title=file.name)
         out.info(f"wrote {plot}")

@@ -92,18 +92,30 @@ def _row(result: TraceResult, *, kvb: int, tps: float | None, nic: float | None,
     )
 
 
-def trace_cost(
-    replay: TraceReplay,
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """The cost view's inputs, resolved and checked (before a replay: it can take a minute)."""
+
+    model: str
+    kv_bytes_per_token: int
+    prefill_tokens_per_s: float | None
+    prefill_source: str
+    nic_gbytes_per_s: float | None
+    nic_source: str
+
+
+def cost_model(
     *,
     model: str,
     prefill_tps: float | None = None,
     gpu: str | None = None,
+    gpu_tflops: float | None = None,
     gpus: int = 1,
     efficiency: float = 0.5,
     nic_gbytes_per_s: float | None = None,
     bench_file: Path | None = None,
-) -> TraceCost:
-    """The cost view of ``replay`` for ``model`` (rates as ``plan readback`` takes them).
+) -> CostModel:
+    """Resolve the model, the prefill rate and the NIC's rate as ``plan readback`` does.
 
     Raises:
         UsageError: an unknown model or GPU, contradictory or invalid rates, a bad bench file.
@@ -115,22 +127,53 @@ def trace_cost(
     if nic_gbytes_per_s is not None and bench_file is not None:
         raise UsageError("both --nic-gbytes-per-s and --bench-file are given",
                          "give one source of the NIC's rate")
-    settings = PlanSettings(model=model, prefill_tps=prefill_tps, gpu=gpu, gpus=gpus,
-                            efficiency=efficiency, read_gbytes_per_s=nic_gbytes_per_s,
-                            bench_file=bench_file, nvml=False)
+    settings = PlanSettings(model=model, prefill_tps=prefill_tps, gpu=gpu,
+                            gpu_tflops=gpu_tflops, gpus=gpus, efficiency=efficiency,
+                            read_gbytes_per_s=nic_gbytes_per_s, bench_file=bench_file,
+                            nvml=False)
     rate = prefill_rate(settings, spec)
     bandwidth = read_bandwidth(settings)
-    nic = None if bandwidth is None else bandwidth.gbytes_per_s
-    kvb = spec.kv_bytes_per_token
-    duration = replay.summary.duration_s
-    rows = [_row(r, kvb=kvb, tps=rate.tokens_per_s, nic=nic, duration_s=duration)
-            for r in replay.results]
-    return TraceCost(
-        model=spec.name, kv_bytes_per_token=kvb, prefill_tokens_per_s=rate.tokens_per_s,
+    return CostModel(
+        model=spec.name, kv_bytes_per_token=spec.kv_bytes_per_token,
+        prefill_tokens_per_s=rate.tokens_per_s,
         prefill_source=rate.source if rate.tokens_per_s is not None else
-        "no prefill rate (give --prefill-tps or --gpu NAME)",
-        nic_gbytes_per_s=nic,
+        "no prefill rate (give --prefill-tps, --gpu NAME or --gpu-tflops)",
+        nic_gbytes_per_s=None if bandwidth is None else bandwidth.gbytes_per_s,
         nic_source="no NIC rate (give --nic-gbytes-per-s or --bench-file)" if bandwidth is None
         else "--nic-gbytes-per-s" if nic_gbytes_per_s is not None else bandwidth.source,
+    )
+
+
+def apply_cost(replay: TraceReplay, costs: CostModel) -> TraceCost:
+    """The cost view of ``replay`` under ``costs``."""
+    duration = replay.summary.duration_s
+    rows = [_row(r, kvb=costs.kv_bytes_per_token, tps=costs.prefill_tokens_per_s,
+                 nic=costs.nic_gbytes_per_s, duration_s=duration) for r in replay.results]
+    return TraceCost(
+        model=costs.model, kv_bytes_per_token=costs.kv_bytes_per_token,
+        prefill_tokens_per_s=costs.prefill_tokens_per_s, prefill_source=costs.prefill_source,
+        nic_gbytes_per_s=costs.nic_gbytes_per_s, nic_source=costs.nic_source,
         duration_s=duration, rows=rows,
     )
+
+
+def trace_cost(
+    replay: TraceReplay,
+    *,
+    model: str,
+    prefill_tps: float | None = None,
+    gpu: str | None = None,
+    gpu_tflops: float | None = None,
+    gpus: int = 1,
+    efficiency: float = 0.5,
+    nic_gbytes_per_s: float | None = None,
+    bench_file: Path | None = None,
+) -> TraceCost:
+    """The cost view of ``replay`` for ``model`` (rates as ``plan readback`` takes them).
+
+    Raises:
+        UsageError: an unknown model or GPU, contradictory or invalid rates, a bad bench file.
+    """
+    return apply_cost(replay, cost_model(
+        model=model, prefill_tps=prefill_tps, gpu=gpu, gpu_tflops=gpu_tflops, gpus=gpus,
+        efficiency=efficiency, nic_gbytes_per_s=nic_gbytes_per_s, bench_file=bench_file))

@@ -72,3 +72,28 @@ def test_the_plot_goes_where_it_says(kvctl: Kvctl, tmp_path: Path) -> None:
     assert r.exit_code == 0, r.stderr
     assert (tmp_path / "hit.svg").read_bytes().lstrip().startswith(b"<?xml")
     assert f"wrote {tmp_path / 'hit.svg'}" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--model", "no-such-model"], "unknown model"),
+    (["--model", "llama-3-70b", "--gpu", "no-such-gpu"], "no-such-gpu"),
+    (["--model", "llama-3-70b", "--prefill-tps", "0"], "--prefill-tps"),
+    (["--model", "llama-3-70b", "--nic-gbytes-per-s", "-1"], "--nic-gbytes-per-s"),
+    (["--model", "llama-3-70b", "--bench-file", "/nonexistent/b.json"], "/nonexistent"),
+    (["--gpu", "H100 SXM"], "needs --model"),
+])
+def test_cost_flags_are_refused_before_the_replay(kvctl: Kvctl, tmp_path: Path,
+                                                  flags: list[str], words: str) -> None:
+    # the trace does not exist: an error about the flags shows they were checked first
+    _refused(kvctl("sim", "trace", str(tmp_path / "missing.jsonl"), *flags), words)
+
+
+def test_the_gpu_hint_names_a_flag_sim_trace_has(kvctl: Kvctl, tmp_path: Path) -> None:
+    r = kvctl("sim", "trace", _ok_trace(tmp_path), "--model", "llama-3-70b", "--gpu", "nope")
+    _refused(r, "--gpu-tflops")
+    ok = kvctl("sim", "trace", _ok_trace(tmp_path), "--model", "llama-3-70b", "--gpu-tflops",
+               "989", "--json")
+    assert ok.exit_code == 0, ok.stderr
+    cost = ok.json()["cost"]
+    assert "from --gpu-tflops" in cost["prefill_source"]
+    assert cost["prefill_tokens_per_s"] > 0
