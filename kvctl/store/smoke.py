@@ -372,18 +372,52 @@ def _ssd_prepare(run: _Run, client: StoreClient, probe: _SsdProbe) -> str:
     return f"{probe.key} on {client.stat(probe.key).tier}"
 
 
+def _tiers(tier: str) -> set[str]:
+    return set(tier.split("+"))
+
+
+def _evict_probe(run: _Run, client: StoreClient, probe: _SsdProbe, *,
+                 budget_bytes: int = 256 * MiB) -> str:
+    """Push the probe out of DRAM (1 MiB objects, LRU evicts the oldest first) so the read
+    that follows has only its SSD copy to come from; its tier before that read."""
+    tier = client.stat(probe.key).tier
+    capacity = client.status().capacity_bytes
+    limit = min(budget_bytes, int(capacity * 1.5))
+    written = 0
+    while "dram" in _tiers(tier) and written < limit:
+        chunk = [(run.key(f"ssd-push-{written // MiB + i}"), _value(1 * MiB))
+                 for i in range(16)]
+        errors = [e for e in client.batch_put(chunk) if e is not None]
+        if errors:
+            raise _FailError(f"put while pushing {probe.key} out of DRAM failed: {errors[0]}")
+        written += len(chunk) * MiB
+        run.moved += len(chunk) * MiB
+        tier = client.stat(probe.key).tier
+    if "dram" in _tiers(tier):
+        raise _SkipError(f"{probe.key} still in DRAM ({tier}) after writing {_fmt(written)} "
+                         f"into {_fmt(capacity)}: the SSD read path was not exercised; run "
+                         "it against a smaller store (or without --master: the embedded one)")
+    return tier
+
+
 def _ssd_verify(run: _Run, client: StoreClient, probe: _SsdProbe) -> str:
+    """Read the probe with no DRAM copy left, so its bytes come from its SSD copy (loaded
+    into DRAM by the master, then read): pass only when that is what happened."""
     if not probe.key:
         raise _SkipError("no SSD object was placed")
-    before = client.stat(probe.key).tier
+    before = _evict_probe(run, client, probe)
+    if "ssd" not in _tiers(before):
+        raise _FailError(f"{probe.key}: out of DRAM but no SSD copy left ({before})")
     got = client.get(probe.key)
-    run.moved = len(got)
+    run.moved += len(got)
     if got != probe.value:
-        raise _FailError(f"{probe.key}: bytes read back from tier {before} differ")
+        raise _FailError(f"{probe.key}: bytes read back from its SSD copy differ")
     after = client.stat(probe.key).tier
-    if before == "ssd":
-        return f"evicted from DRAM, read back from SSD byte for byte (now {after})"
-    return f"persisted ({before}) and read back; not evicted from DRAM, so SSD read not forced"
+    if "dram" not in _tiers(after):
+        raise _FailError(f"{probe.key}: read from {before}, but not loaded back into DRAM "
+                         f"({after}): the SSD read path was not taken")
+    return (f"evicted from DRAM ({before}), loaded from SSD and read back byte for byte "
+            f"(now {after})")
 
 
 def run_kvctl(master: str | None = None, *, token: str | None = None,
