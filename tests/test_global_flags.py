@@ -65,7 +65,7 @@ def both_ways(flags: list[str], command: list[str]) -> tuple[list[str], list[str
     ("--json frobnicate -v", "--json frobnicate -v"),
     ("--json store", "--json store"),
     ("--json", "--json"),
-    # ("topo --config": a missing value is an error, tests/reliability/test_hostile_today_cli.py)
+    # ("topo --config": a missing value is an error, tests/reliability/test_cli_global_options.py)
     # Help still works wherever the global flags are.
     ("bench transfer --help -v", "-v bench transfer --help"),
 ])

@@ -115,7 +115,7 @@ def test_an_ssd_task_in_a_lost_heartbeat_reply_does_not_stay_in_flight(
     way left an SSD persist in flight for good (no report ever comes). The node, back with
     its epoch, names the tasks it still owes; the master fails the rest, and the next put
     is copied as usual."""
-    from tests.reliability.test_hostile_dec01_packs import _lose_a_reply
+    from tests.reliability.test_shared_tier_packing import _lose_a_reply
 
     lost = _lose_a_reply(monkeypatch, "persist")
     quick.add_node("a", 8 << 20, ssd_dir=tmp_path)
