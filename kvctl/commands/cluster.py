@@ -246,6 +246,47 @@ MaxBufferOpt = Annotated[str, typer.Option(
     "--max-buffer", help="Refuse sweeps needing more memory per side.", rich_help_panel=_S)]
 
 
+@app.command("reset-policy")
+def reset_policy(
+    ctx: typer.Context,
+    metadata: MetadataOpt = None,
+    yes: Annotated[bool, typer.Option(
+        "--yes", help="Delete it (without --yes: say what would be deleted).")] = False,
+) -> None:
+    """Delete the cluster's token policy, for a cluster that no longer runs with a token.
+
+    The first agent or client with KVCTL_TOKEN writes the policy; from then on agents and
+    clients without the token are refused. This removes it (no etcdctl needed); the next
+    holder of a token writes a new one.
+
+    Example: kvctl cluster reset-policy --metadata etcd://10.0.0.5:2379 --yes
+    """
+    import msgspec
+
+    from kvctl.cluster.protocol import ClusterKeys, Policy
+    from kvctl.metadata import open_metadata
+
+    opts = global_options(ctx)
+    out = opts.output()
+    url, common = _url(opts, metadata)
+    keys = ClusterKeys(common.cluster_id)
+    with open_metadata(url, token=common.token) as client:
+        stored = client.get(keys.policy)
+        if stored is None:
+            out.print(f"no token policy at {keys.policy} in {url}: nothing to delete")
+            return
+        try:
+            who = msgspec.json.decode(stored, type=Policy).written_by
+        except msgspec.DecodeError:
+            who = "an unknown writer"
+        if not yes:
+            raise UsageError(f"{keys.policy} in {url} (written by {who}) was not deleted: "
+                             "without it, agents and clients without the token may join",
+                             "rerun with --yes to delete it")
+        client.delete(keys.policy)
+    out.print(f"deleted the token policy {keys.policy} (written by {who}) from {url}")
+
+
 @app.command("bench")
 def bench(
     ctx: typer.Context,
@@ -425,9 +466,24 @@ def _bench_verdict(report: ClusterBenchReport) -> None:
         parts.append("missing " + ", ".join(m.host for m in report.missing))
     if report.failed:
         parts.append(f"{len(report.failed)} failed pair(s)")
-    raise CheckFailedError("cluster bench: " + "; ".join(parts),
-                           "check the named host's link, NIC and cable (kvctl topo doctor "
-                           "on it); rerun with -v for each pair")
+    raise CheckFailedError("cluster bench: " + "; ".join(parts), bench_hint(report))
+
+
+def bench_hint(report: ClusterBenchReport) -> str:
+    """What to do about a bench that is not ok: an agent that is gone is restarted (its
+    lease expired: the process or its host stopped, not the link), a pair that failed or
+    is slow points at its link."""
+    hints = []
+    if report.missing:
+        gone = ", ".join(m.host for m in report.missing)
+        hints.append(f"the agent on {gone} stopped renewing its lease (the process or the "
+                     f"host is gone, not the link): check or restart 'kvctl agent' there "
+                     "('kvctl cluster ls' lists it again once it is back)")
+    d = report.diagnosis
+    if d.culprits or d.slow or d.unreachable or report.failed:
+        hints.append("check the named host's link, NIC and cable ('ip link' on it shows a "
+                      "NIC down, 'kvctl topo doctor' the rest); rerun with -v for each pair")
+    return "; ".join(hints) or "rerun with -v for each pair"
 
 
 # ---------------------------------------------------------------- runbook

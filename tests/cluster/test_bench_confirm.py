@@ -13,6 +13,7 @@ from kvctl.cluster.coordinator import Coordinator
 from kvctl.cluster.diagnosis import Endpoint
 from kvctl.cluster.protocol import BENCH, TARGET, BenchParams, BenchResult, ClusterKeys
 from kvctl.cluster.registry import read_hosts
+from kvctl.commands.cluster import bench_hint
 from kvctl.errors import KvctlError
 from tests.cluster import test_protocol as proto
 from tests.cluster.test_protocol import SWEEP, Counting, fake_bench, fake_target, record
@@ -59,3 +60,7 @@ def test_a_nic_no_pair_reaches_is_named_without_waiting_out_the_leases(
     assert report.diagnosis.culprits == ()
     # three rounds held a failed pair: waiting out the TTL in each took 3 x 3 s
     assert report.duration_s < ttl_s + 1.0, report.duration_s
+    # every agent answered: the hint points at the link, not at an agent
+    hint = bench_hint(report)
+    assert hint.startswith("check the named host's link, NIC and cable"), hint
+    assert "kvctl agent" not in hint

@@ -201,6 +201,10 @@ def an_agent_killed_mid_bench_is_reported_missing_within_its_ttl(five: NsCluster
             assert pair["state"] in ("ok", "missing", "not-run"), pair
     assert any(p["state"] in ("missing", "not-run") for k, p in pairs.items() if "h5" in k)
     assert "missing h5" in doc["stderr"]
+    # the agent is gone, not the link: the hint says to restart it (it said "check the
+    # named host's link, NIC and cable")
+    assert "Hint: the agent on h5 stopped renewing its lease" in doc["stderr"], doc["stderr"]
+    assert "restart 'kvctl agent' there" in doc["stderr"]
 
 
 def test_the_docs_show_the_commands_the_tests_run() -> None:

@@ -1,0 +1,37 @@
+"""``kvctl cluster reset-policy``: the command a token-policy mismatch's hint can give (the
+hint said "delete kvctl/cluster/policy from the metadata service", with no kvctl command
+that deletes and no etcdctl installed)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from kvctl.cluster.agent import agree_policy
+from kvctl.cluster.protocol import ClusterKeys
+from kvctl.metadata import open_metadata
+from tests.fixtures.cli import CliResult
+
+Kvctl = Callable[..., CliResult]
+
+
+def test_a_policy_left_by_a_token_is_deleted_and_the_cluster_runs_without_one(
+        kvctl: Kvctl, tmp_path: Path) -> None:
+    url = f"file://{tmp_path / 'meta'}"
+    with open_metadata(url) as client:
+        agree_policy(client, ClusterKeys(), "old-token-0b1c", who="h1")
+    refused = kvctl("cluster", "ls", "--metadata", url)
+    assert refused.exit_code == 2, refused.stderr
+    assert "requires the shared token" in refused.stderr
+    asked = kvctl("cluster", "reset-policy", "--metadata", url)
+    assert asked.exit_code == 2, asked.stderr
+    assert "written by h1" in asked.stderr
+    assert "--yes" in asked.stderr
+    done = kvctl("cluster", "reset-policy", "--metadata", url, "--yes")
+    assert done.exit_code == 0, done.stderr
+    assert "deleted the token policy kvctl/cluster/policy (written by h1)" in done.stdout
+    listed = kvctl("cluster", "ls", "--metadata", url)
+    assert listed.exit_code == 0, listed.stderr
+    again = kvctl("cluster", "reset-policy", "--metadata", url, "--yes")
+    assert again.exit_code == 0
+    assert "nothing to delete" in again.stdout
