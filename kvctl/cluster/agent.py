@@ -8,13 +8,20 @@ The agent
 2. registers its :class:`~kvctl.cluster.protocol.HostRecord` and a liveness key under a lease
    (:class:`~kvctl.metadata.LeaseKeeper`): killed, it vanishes within the TTL;
 3. watches ``jobs/<host>/`` (pushed by etcd and ``memory://``, polled every ``poll_s``
-   seconds elsewhere) and runs each new job in a thread of its own: the job's signature
-   is checked first (a job a client without the token wrote is refused, with the reason
-   in its status); a handler per kind (:mod:`kvctl.cluster.jobs`) publishes ``ready``
-   for serving jobs (a target, a store node) and holds, or returns a result (``done``),
-   or fails with the error's cause and hint;
+   seconds elsewhere) and runs each new job in a thread of its own. What it judges is the
+   value at a key, not the key: a job that is unsigned or badly signed (with a token), a
+   copy of one it already ran, expired, or whose run is not live (no signed run record with
+   its nonce, :func:`~kvctl.cluster.protocol.run_is_live`) is *dropped*: no status, no
+   work, one hash and at most one HMAC, counted (``kvctl_agent_jobs_dropped_total``) and
+   logged at most once per :data:`DROP_LOG_S`. A value that lands later at the same key (the
+   client's genuine job after a forgery) is judged afresh. A trusted job of a kind it does
+   not serve is *refused* (a signed status says why); a handler per kind
+   (:mod:`kvctl.cluster.jobs`) publishes ``ready`` for serving jobs (a target, a store
+   node) and holds, or returns a result (``done``), or fails with the error's cause and
+   hint;
 4. stops a job whose key is gone (the client deleted it, or the client died and its lease
-   took its jobs), and deletes the job's status once it has stopped.
+   took its jobs), or whose run record is gone or expired (checked every
+   :data:`RUN_CHECK_S` while jobs run), and deletes the job's status once it has stopped.
 
 Handlers are passed in, so a simulated cluster (tests, the planner's check) runs the real
 protocol with stand-in work.
@@ -22,6 +29,7 @@ protocol with stand-in work.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -32,6 +40,7 @@ from typing import Any, Self
 import msgspec
 
 from kvctl.cluster.protocol import (
+    CLOCK_SKEW_S,
     DONE,
     FAILED,
     JOB_KINDS,
@@ -42,16 +51,20 @@ from kvctl.cluster.protocol import (
     Job,
     JobStatus,
     Policy,
+    RunRecord,
+    decode_body,
     now,
     peek,
     policy_proof,
     raw,
+    run_is_live,
     seal,
     unseal,
+    verify,
 )
 from kvctl.errors import AuthError, KvctlError, UsageError
 from kvctl.metadata import LeaseKeeper, MetadataClient, MetadataError
-from kvctl.metadata.watch import Watch, apply_changes
+from kvctl.metadata.watch import Snapshot, Watch, apply_changes
 from kvctl.metrics import ServerMetrics
 
 _log = logging.getLogger("kvctl.cluster")
@@ -60,6 +73,12 @@ _log = logging.getLogger("kvctl.cluster")
 CLOSE_WAIT_S = 20.0
 #: Most jobs running at once on one agent (more wait their turn).
 MAX_RUNNING = 16
+#: Seconds between checks that the runs of running jobs are still live.
+RUN_CHECK_S = 1.0
+#: Seconds between two log lines about dropped jobs (the others are counted in the next).
+DROP_LOG_S = 10.0
+#: Most started jobs remembered by value, so that a copy of one is never started again.
+MAX_CONSUMED = 100_000
 
 
 class JobCancelledError(KvctlError):
@@ -133,13 +152,22 @@ Handler = Callable[[JobContext], Any]
 class _Running:
     def __init__(self, job: Job, thread: threading.Thread, cancelled: threading.Event) -> None:
         self.job = job
+        self.stopped_why: str | None = None
         self.thread = thread
         self.cancelled = cancelled
         self.status_key: str | None = None
 
 
 #: Help text of ``kvctl_agent_jobs_refused_total``.
-_REFUSED_DOC = "Jobs refused (unsigned, unknown kind, bad parameters)."
+_REFUSED_DOC = "Trusted jobs refused with a status (unknown kind, bad parameters)."
+#: Help text of ``kvctl_agent_jobs_dropped_total``.
+_DROPPED_DOC = ("Jobs dropped without a status (unsigned, badly signed, expired, copies, "
+                "their run not live).")
+
+
+def fingerprint(value: bytes) -> bytes:
+    """What identifies one value at a job key (its signature with it): 128 bits of BLAKE2b."""
+    return hashlib.blake2b(value, digest_size=16).digest()
 
 
 class Agent:
@@ -152,11 +180,13 @@ class Agent:
         token: the cluster token; documents are signed and checked with it.
         cluster_id: the cluster's key namespace.
         metrics: where to count jobs (``None``: not counted).
+        clock_skew_s: how far past their expiry run records and jobs are still trusted.
     """
 
     def __init__(self, client: MetadataClient, record: HostRecord, *,
                  handlers: Mapping[str, Handler], token: str | None = None,
-                 cluster_id: str = "", metrics: ServerMetrics | None = None) -> None:
+                 cluster_id: str = "", metrics: ServerMetrics | None = None,
+                 clock_skew_s: float = CLOCK_SKEW_S) -> None:
         unknown = set(handlers) - set(JOB_KINDS)
         if unknown:
             raise UsageError(f"unknown job kind(s) {', '.join(sorted(unknown))}",
@@ -175,13 +205,21 @@ class Agent:
         self._poller: threading.Thread | None = None
         self._watch: Watch | None = None
         self._slots = threading.BoundedSemaphore(MAX_RUNNING)
+        self.clock_skew_s = clock_skew_s
+        self._seen: dict[str, bytes] = {}  # job id -> fingerprint of the value last judged
+        self._consumed: dict[bytes, float] = {}  # fingerprint of a started job -> until when
+        self._run_checked = 0.0
+        self._drop_logged = -DROP_LOG_S
+        self._drop_unlogged = 0
         self.refused = 0
+        self.dropped = 0
         if metrics is not None:
             metrics.gauge("jobs_running", "Jobs running now.", lambda: float(len(self._running)))
             metrics.gauge("registered", "1 while the lease is renewed, else 0.",
                           lambda: 1.0 if self._keeper is not None and self._keeper.healthy
                           else 0.0)
             metrics.counter("jobs_refused", _REFUSED_DOC)  # exported from the start, at 0
+            metrics.counter("jobs_dropped", _DROPPED_DOC)
 
     @property
     def hostname(self) -> str:
@@ -290,54 +328,148 @@ class Agent:
         prefix = self.keys.jobs_prefix(self.hostname)
         jobs: dict[str, bytes] = {}
         while not self._stop.is_set():
+            wait_s = max(self.record.poll_s, 1.0)
+            if self._running:
+                wait_s = min(wait_s, RUN_CHECK_S)
             try:
                 watch = self._watch
                 if watch is None:
                     watch = self._watch = self.client.watch(prefix, poll_s=self.record.poll_s)
-                changed = apply_changes(jobs, watch.wait(max(self.record.poll_s, 1.0)))
+                changes = watch.wait(wait_s)
             except MetadataError as exc:
                 _log.warning("cannot follow jobs at %s: %s", self.client.url, exc.cause)
                 self._stop.wait(min(self.record.poll_s, 1.0))  # the watch retries meanwhile
                 continue
-            if changed and not self._stop.is_set():  # a stopping agent starts nothing
-                self._sync(prefix, jobs)
+            changed: set[str] = set()
+            for change in changes:
+                if isinstance(change, Snapshot):
+                    changed.update(k for k in jobs if k.startswith(change.prefix))
+                    changed.update(change.entries)
+                else:
+                    changed.add(change.key)
+            apply_changes(jobs, changes)
+            if self._stop.is_set():  # a stopping agent starts nothing
+                break
+            if changed:
+                self._sync(prefix, jobs, changed)
+            self._check_runs()
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
 
-    def _sync(self, prefix: str, listing: Mapping[str, bytes]) -> None:
-        present: set[str] = set()
-        for key, value in listing.items():
+    def _sync(self, prefix: str, listing: Mapping[str, bytes], changed: set[str]) -> None:
+        """Judge the values at the job keys that ``changed`` (only those: a flood of junk
+        costs each junk key once, not once per later change)."""
+        for key in sorted(changed):
             job_id = key[len(prefix):]
-            if not job_id or "/" in job_id:
+            if not key.startswith(prefix) or not job_id or "/" in job_id:
                 continue
-            present.add(job_id)
+            value = listing.get(key)
+            if value is None:
+                self._gone(job_id)
+                continue
+            mark = fingerprint(value)
             with self._lock:
-                known = job_id in self._running or job_id in self._done
-            if not known:
-                self._begin(key, job_id, value)
+                if self._seen.get(job_id) == mark:
+                    continue  # this very value was judged already
+                self._seen[job_id] = mark
+                handled = job_id in self._running or job_id in self._done
+            if handled:  # another value at the key of a job that ran: a forgery or a copy
+                self._drop(key, "it replaces a job this agent already took")
+            else:
+                self._begin(key, job_id, value, mark)
+
+    def _gone(self, job_id: str) -> None:
+        """The job's key is gone: stop the job, or withdraw its status."""
         with self._lock:
-            gone_running = [r for i, r in self._running.items() if i not in present]
-            gone_done = [(i, k) for i, k in self._done.items() if i not in present]
-            for i, _ in gone_done:
-                del self._done[i]
-        for r in gone_running:
-            r.cancelled.set()
-        for _, status_key in gone_done:
+            self._seen.pop(job_id, None)
+            running = self._running.get(job_id)
+            done = job_id in self._done
+            status_key = self._done.pop(job_id, None)
+        if running is not None:
+            running.cancelled.set()
+        elif done:
             self._withdraw(status_key)
 
-    def _begin(self, key: str, job_id: str, value: bytes) -> None:
+    def _drop(self, key: str, why: str) -> None:
+        """Leave a job unanswered: counted, and logged at most once per DROP_LOG_S."""
+        self.dropped += 1
+        if self.metrics is not None:
+            self.metrics.counter("jobs_dropped", _DROPPED_DOC).inc()
+        at = time.monotonic()
+        with self._lock:
+            self._drop_unlogged += 1
+            if at - self._drop_logged < DROP_LOG_S:
+                return
+            count, self._drop_unlogged, self._drop_logged = self._drop_unlogged, 0, at
+        _log.warning("dropped %s: %s (%d job(s) dropped without an answer since the last "
+                     "such line; kvctl_agent_jobs_dropped_total counts them all)",
+                     key, why, count)
+
+    def _run_record(self, run_id: str) -> RunRecord | None:
+        """The signed record of ``run_id``, ``None`` when there is none to trust.
+
+        Raises:
+            MetadataError: it cannot be read.
+        """
+        key = self.keys.run(run_id)
+        stored = self.client.get(key)
+        if stored is None:
+            return None
         try:
-            job = unseal(key, value, "job", Job, self.token)
+            return unseal(key, stored, "run", RunRecord, self.token)
+        except KvctlError:
+            return None
+
+    def _consumed_at(self, mark: bytes) -> bool:
+        with self._lock:
+            until = self._consumed.get(mark)
+        return until is not None and until >= now()
+
+    def _consume(self, mark: bytes, job: Job) -> None:
+        with self._lock:
+            if len(self._consumed) >= MAX_CONSUMED:
+                at = now()
+                for m in [m for m, u in self._consumed.items() if u < at]:
+                    del self._consumed[m]
+                for m in list(self._consumed)[:max(0, len(self._consumed) - MAX_CONSUMED + 1)]:
+                    del self._consumed[m]
+            self._consumed[mark] = job.expires_at + self.clock_skew_s
+
+    def _begin(self, key: str, job_id: str, value: bytes, mark: bytes) -> None:
+        try:  # nothing is written for a value that is not verifiably the client's
+            body = verify(key, value, "job", self.token)
+        except (AuthError, UsageError) as exc:
+            self._drop(key, exc.cause)
+            return
+        try:
+            job = decode_body(key, body, Job)
             if job.job_id != job_id or job.host != self.hostname:
                 raise UsageError(f"{key} holds job {job.job_id} for {job.host}",
                                  "only the cluster commands of kvctl write jobs")
-            if job.kind not in self.handlers:
-                raise UsageError(f"job kind {job.kind!r} is not served by {self.hostname}",
-                                 f"this agent serves {', '.join(sorted(self.handlers))}")
-        except (AuthError, UsageError) as exc:
+        except UsageError as exc:
             self._refuse(key, job_id, value, exc)
             return
+        if self._consumed_at(mark):
+            self._drop(key, "a copy of a job this agent already ran")
+            return
+        try:
+            why = run_is_live(job, self._run_record(job.run_id), now(),
+                              skew_s=self.clock_skew_s)
+        except MetadataError as exc:
+            with self._lock:  # judged again at the next change or snapshot
+                self._seen.pop(job_id, None)
+            _log.warning("job %s waits: its run record cannot be read (%s)", job_id, exc.cause)
+            return
+        if why is not None:
+            self._drop(key, why)
+            return
+        if job.kind not in self.handlers:
+            self._refuse(key, job_id, value, UsageError(
+                f"job kind {job.kind!r} is not served by {self.hostname}",
+                f"this agent serves {', '.join(sorted(self.handlers))}"))
+            return
+        self._consume(mark, job)
         cancelled = threading.Event()
         thread = threading.Thread(target=self._run, args=(job, cancelled),
                                   name=f"kvctl-agent-{job.kind}-{job_id}", daemon=True)
@@ -357,6 +489,28 @@ class Agent:
             status_key = self.publish_status(claimed, REFUSED, error=exc.cause, hint=exc.hint)
         with self._lock:
             self._done[job_id] = status_key
+
+    def _check_runs(self) -> None:
+        """Stop running jobs whose run is no longer live (at most every RUN_CHECK_S)."""
+        at = time.monotonic()
+        if at - self._run_checked < RUN_CHECK_S:
+            return
+        self._run_checked = at
+        with self._lock:
+            running = [r for r in self._running.values() if not r.cancelled.is_set()]
+        records: dict[str, RunRecord | None] = {}
+        for r in running:
+            run_id = r.job.run_id
+            if run_id not in records:
+                try:
+                    records[run_id] = self._run_record(run_id)
+                except MetadataError:
+                    continue  # unknown is not gone: the job's key still decides
+            why = run_is_live(r.job, records[run_id], now(), skew_s=self.clock_skew_s)
+            if why is not None:
+                _log.warning("stopping job %s (%s): %s", r.job.job_id, r.job.kind, why)
+                r.stopped_why = why
+                r.cancelled.set()
 
     def _run(self, job: Job, cancelled: threading.Event) -> None:
         started = time.perf_counter()

@@ -13,7 +13,6 @@ Every wait is bounded.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import secrets
 import socket
@@ -31,6 +30,7 @@ from kvctl.cluster.protocol import (
     ClusterKeys,
     Job,
     JobStatus,
+    RunRecord,
     now,
     raw,
     seal,
@@ -95,6 +95,12 @@ class JobRef:
         return None
 
 
+def new_job_id(run_id: str) -> str:
+    """A job id nobody can guess before the job is posted: the run's id and 64 random bits
+    (so nothing can be written at its key ahead of the client)."""
+    return f"{run_id}-{secrets.token_hex(8)}"
+
+
 class Coordinator:
     """Jobs of one run, on one lease. ``start()`` first; ``close()`` cancels what is left.
 
@@ -117,9 +123,12 @@ class Coordinator:
         self.token = token
         self.ttl_s = ttl_s
         self.poll_s = poll_s
-        self.run_id = run_id or secrets.token_hex(4)
-        self._seq = itertools.count(1)
+        self.run_id = run_id or secrets.token_hex(8)
+        self.nonce = secrets.token_hex(16)
+        self._who = f"client@{socket.gethostname()}"
         self._keeper: LeaseKeeper | None = None
+        self._renewer: threading.Thread | None = None
+        self._closing = threading.Event()
         self._refs: dict[str, JobRef] = {}
         self._alive: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -134,8 +143,7 @@ class Coordinator:
             AuthError: the cluster requires a token we lack, or runs with another.
             MetadataError: the metadata service cannot be reached.
         """
-        agree_policy(self.client, self.keys, self.token,
-                     who=f"client@{socket.gethostname()}")
+        agree_policy(self.client, self.keys, self.token, who=self._who)
         watch = self.client.watch([self.keys.status_prefix(self.run_id),
                                    self.keys.alive_prefix], poll_s=self.poll_s)
         self._watch = watch
@@ -147,14 +155,40 @@ class Coordinator:
                                         "check that the metadata service answers")
             self._keeper = LeaseKeeper(self.client, self.ttl_s,
                                        name=f"kvctl-cluster-run-{self.run_id}").start()
+            self._publish_run()
         except BaseException:
             self._watch = None
             watch.close()
+            keeper, self._keeper = self._keeper, None
+            if keeper is not None:
+                keeper.stop()
             raise
+        self._renewer = threading.Thread(target=self._renew_loop, daemon=True,
+                                         name=f"kvctl-cluster-run-record-{self.run_id}")
+        self._renewer.start()
         return self
 
+    def _publish_run(self) -> None:
+        """(Re)write the run's record under its lease, valid for one more TTL."""
+        keeper = self._require()
+        key = self.keys.run(self.run_id)
+        record = RunRecord(self.run_id, self.nonce, self._who, now() + self.ttl_s)
+        keeper.publish(key, seal(key, "run", record, self.token))
+
+    def _renew_loop(self) -> None:
+        while not self._closing.wait(self.ttl_s / 3):
+            try:
+                self._publish_run()
+            except (MetadataError, UsageError) as exc:  # the keeper writes it once it can
+                _log.warning("run record of %s not renewed: %s", self.run_id, exc.cause)
+
     def close(self) -> None:
-        """Revoke the lease (every job left vanishes). Idempotent."""
+        """Revoke the lease (every job left vanishes, and the run record: agents stop
+        whatever still runs for it). Idempotent."""
+        self._closing.set()
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.join(timeout=10)
         watch, self._watch = self._watch, None
         if watch is not None:
             watch.close()
@@ -178,10 +212,12 @@ class Coordinator:
             MetadataError: the put failed.
         """
         keeper = self._require()
-        job_id = f"{self.run_id}-{next(self._seq)}"
+        job_id = new_job_id(self.run_id)
         key = self.keys.job(host, job_id)
-        job = Job(job_id=job_id, run_id=self.run_id, kind=kind, host=host, issued_at=now(),
-                  hold_s=hold_s, params=raw(params))
+        issued = now()
+        job = Job(job_id=job_id, run_id=self.run_id, kind=kind, host=host, issued_at=issued,
+                  hold_s=hold_s, params=raw(params), nonce=self.nonce,
+                  expires_at=issued + hold_s + self.ttl_s)
         ref = JobRef(job_id, host, kind, key, self.keys.status(self.run_id, host, job_id))
         with self._lock:
             self._refs[job_id] = ref

@@ -9,6 +9,9 @@ key                             value                                  written b
                                                                        token (no lease)
 ``hosts/<host>``                :class:`HostRecord`: the host's facts  its agent (agent's)
 ``alive/<host>``                the agent's id (cheap liveness polls)  its agent (agent's)
+``runs/<run_id>``               :class:`RunRecord`: the run is live,   the client (client's)
+                                until ``expires_at`` (re-signed every
+                                TTL/3)
 ``jobs/<host>/<job_id>``        :class:`Job`: work for that agent      the client (client's)
 ``status/<run>/<host>/<job>``   :class:`JobStatus`: ready/done/failed  the agent (agent's)
 ==============================  =====================================  ======================
@@ -25,6 +28,14 @@ Every value is an :class:`Envelope` ``{"kind", "body", "sig"}``. With a token (`
 key, so it cannot be replayed under another one, and a reader with the token rejects any
 document without a valid signature (etcd itself checks nothing). The token never appears in
 any document.
+
+A job is also bound to its run: its body carries the run id, the run's nonce (random per
+run) and an expiry, and an agent starts it only while ``runs/<run_id>`` holds a signed
+:class:`RunRecord` with that nonce that has not expired (:func:`run_is_live`). The record
+rides on the run's lease and is re-signed with a later expiry every TTL/3, so a job copied
+back after its run ended finds no record, or a copied record that expires within a TTL (plus
+:data:`CLOCK_SKEW_S`); a running job whose run record goes is stopped. Job ids carry 64
+random bits, so nobody can write at a job's key before the client does.
 """
 
 from __future__ import annotations
@@ -41,6 +52,9 @@ from kvctl.net import auth
 
 #: HMAC context of every cluster document.
 SIGN_CONTEXT = b"kvctl-cluster/1"
+#: Seconds a run record's expiry (and a job's) is trusted past, for clocks that differ
+#: between hosts (NTP keeps them within milliseconds).
+CLOCK_SKEW_S = 5.0
 #: The signed message that proves a policy's writer knows the token.
 POLICY_PROOF = b"kvctl-cluster-policy/1"
 
@@ -80,6 +94,10 @@ class ClusterKeys:
     def alive(self, host: str) -> str:
         """The host's liveness key."""
         return self.alive_prefix + host
+
+    def run(self, run_id: str) -> str:
+        """The run's liveness record."""
+        return f"{self.root}runs/{run_id}"
 
     def jobs_prefix(self, host: str) -> str:
         """Where the host's agent looks for work."""
@@ -143,6 +161,17 @@ def unseal(key: str, value: bytes, kind: str, cls: type[T], token: str | None) -
         AuthError: with a token, the document is unsigned or signed with another token.
         UsageError: not a cluster document of ``kind`` (a bad or foreign value).
     """
+    return decode_body(key, verify(key, value, kind, token), cls)
+
+
+def verify(key: str, value: bytes, kind: str, token: str | None) -> bytes:
+    """The body of the ``kind`` document stored at ``key``, its signature checked with a
+    token (as :func:`unseal`, without decoding the body).
+
+    Raises:
+        AuthError: with a token, the document is unsigned or signed with another token.
+        UsageError: not a cluster document of ``kind``.
+    """
     envelope = _envelope(key, value)
     if envelope.kind != kind:
         raise UsageError(f"{key} holds a {envelope.kind!r} document, not {kind!r}",
@@ -161,7 +190,7 @@ def unseal(key: str, value: bytes, kind: str, cls: type[T], token: str | None) -
             raise AuthError(f"{key} is signed with another token (or was copied from "
                             "another key)",
                             "set the same KVCTL_TOKEN on every agent and client")
-    return decode_body(key, body, cls)
+    return body
 
 
 def peek(key: str, value: bytes, kind: str, cls: type[T]) -> T | None:
@@ -322,15 +351,35 @@ class HostRecord(msgspec.Struct, frozen=True):
 # ---------------------------------------------------------------- jobs
 
 
+class RunRecord(msgspec.Struct, frozen=True):
+    """A client run that is live: written under the run's lease at ``runs/<run_id>`` and
+    re-signed every TTL/3 with a later ``expires_at``.
+
+    Attributes:
+        run_id / nonce: the run, and 128 random bits of it its jobs repeat.
+        client: ``client@host``, for logs.
+        expires_at: Unix time after which the record no longer proves the run live.
+    """
+
+    run_id: str
+    nonce: str
+    client: str
+    expires_at: float
+
+
 class Job(msgspec.Struct, frozen=True):
     """Work for one agent.
 
     Attributes:
-        job_id: ``<run_id>-<seq>``, unique; ``run_id``: the client run it belongs to.
+        job_id: ``<run_id>-<64 random bits, hex>``; ``run_id``: the client run it belongs to.
         kind: one of :data:`JOB_KINDS`; ``params``: that kind's parameters.
         host: the agent it is for.
         issued_at: when the client wrote it (Unix time, seconds; informational).
         hold_s: longest a serving job stays up, or a finite job may run, in seconds.
+        nonce: the run's nonce (:class:`RunRecord`): the job runs only while that run's
+            record is live. Empty in jobs of kvctl before issue 27 (refused with a token).
+        expires_at: Unix time after which the job is not started and is stopped if running
+            (``issued_at + hold_s`` plus the run's TTL). ``0``: as ``nonce``.
     """
 
     job_id: str
@@ -340,6 +389,28 @@ class Job(msgspec.Struct, frozen=True):
     issued_at: float
     hold_s: float
     params: msgspec.Raw
+    nonce: str = ""
+    expires_at: float = 0.0
+
+
+def run_is_live(job: Job, record: RunRecord | None, at: float, *,
+                skew_s: float = CLOCK_SKEW_S) -> str | None:
+    """Why ``job`` must not run (its run is gone, another run, expired), or ``None``.
+
+    ``record`` is what ``runs/<job.run_id>`` holds, its signature already checked (``None``:
+    nothing, or nothing trusted); ``at`` is now (Unix time).
+    """
+    if not job.nonce or not job.expires_at:
+        return "it names no run nonce or expiry (a client of an older kvctl)"
+    if at > job.expires_at + skew_s:
+        return f"it expired {at - job.expires_at:.0f} s ago"
+    if record is None:
+        return f"its run {job.run_id} is not live (no signed run record)"
+    if record.run_id != job.run_id or record.nonce != job.nonce:
+        return f"it names another instance of run {job.run_id} (a copy of an older job)"
+    if at > record.expires_at + skew_s:
+        return f"its run {job.run_id} stopped renewing {at - record.expires_at:.0f} s ago"
+    return None
 
 
 class JobStatus(msgspec.Struct, frozen=True):
