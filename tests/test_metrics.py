@@ -172,7 +172,7 @@ def test_heartbeat_long_polls_stay_out_of_the_request_latency() -> None:
 
 
 def test_a_bench_target_counts_the_payload_it_serves(kvctl) -> None:
-    from kvctl.bench.target import BenchTarget, TargetSpec
+    from kvctl.bench.target.kvctl import BenchTarget, TargetSpec
 
     with BenchTarget(TargetSpec(region_bytes=64 * 4096, metrics_port=0)) as target:
         info = target.info

@@ -6,7 +6,7 @@ cannot use here, is skipped with the reason and an install hint; a run where not
 could run is an :class:`~kvctl.errors.UnavailableError`.
 
 Foreign engines (Mooncake, NIXL: ``EngineDriver.isolated``) run in a child process of their
-own (:mod:`kvctl.bench.engines.isolated`) whose rows come back here, so their libraries'
+own (:mod:`kvctl.bench.isolated`) whose rows come back here, so their libraries'
 crashes at exit never become kvctl's; a ``tamper`` hook (tests) keeps them in process.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from kvctl.bench.engines.base import driver_class, open_driver
-from kvctl.bench.engines.isolated import IsolatedJob, run_isolated
+from kvctl.bench.isolated import IsolatedJob, run_isolated
 from kvctl.bench.linerate import LineRate, LineRates, nic_line_rate
 from kvctl.bench.report import BenchReport
 from kvctl.bench.result import ResultRow, shortfalls, with_ratios

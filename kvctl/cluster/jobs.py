@@ -130,8 +130,8 @@ def _check_own_address(host: HostRecord, address: str) -> None:
 
 def serve_target(ctx: JobContext, *, max_region_bytes: int) -> None:
     """Serve a segment sized for the client's sweep until the job is deleted."""
-    from kvctl.bench.engines.serve import TargetSet
-    from kvctl.bench.target import DEFAULT_SEGMENT, TargetSpec
+    from kvctl.bench.target.kvctl import DEFAULT_SEGMENT, TargetSpec
+    from kvctl.bench.target.serve import TargetSet
 
     p: TargetParams = ctx.params(TargetParams)
     _check_region(p.region_bytes, max_region_bytes)

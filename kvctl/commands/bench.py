@@ -15,7 +15,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from kvctl.bench.engines.serve import TargetSet
 from kvctl.bench.linerate import LineRate
 from kvctl.bench.plot import plot_rows, require_matplotlib
 from kvctl.bench.report import BenchReport, report_payload, to_csv, to_jsonl
@@ -28,7 +27,8 @@ from kvctl.bench.session import (
     validate_engines,
 )
 from kvctl.bench.spec import ROLES, BenchSettings, build_sweep
-from kvctl.bench.target import TargetSpec
+from kvctl.bench.target.kvctl import TargetSpec
+from kvctl.bench.target.serve import TargetSet
 from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, renamed_flag
 from kvctl.config import CommonSettings
 from kvctl.errors import KvctlError, UsageError

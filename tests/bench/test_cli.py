@@ -11,7 +11,7 @@ import pytest
 from kvctl.bench import linerate
 from kvctl.bench.linerate import LineRate, Shape
 from kvctl.bench.result import OUTPUT_FIELDS, ROW_SCHEMA
-from kvctl.bench.target import BenchTarget, TargetSpec
+from kvctl.bench.target.kvctl import BenchTarget, TargetSpec
 
 pytestmark = pytest.mark.integration
 

@@ -16,13 +16,13 @@ from kvctl.bench.engines.foreign import (
     encode_descriptor,
     fetch_targets,
 )
-from kvctl.bench.engines.isolated import IsolatedJob, _rebuild, run_isolated
 from kvctl.bench.engines.mooncake import MooncakeDriver, MooncakeError, installed_transport
 from kvctl.bench.engines.nixl import NixlDriver
-from kvctl.bench.engines.serve import TargetSet
+from kvctl.bench.isolated import IsolatedJob, _rebuild, run_isolated
 from kvctl.bench.runner import plan_for
 from kvctl.bench.spec import BenchSettings, build_sweep
-from kvctl.bench.target import TargetSpec
+from kvctl.bench.target.kvctl import TargetSpec
+from kvctl.bench.target.serve import TargetSet
 from kvctl.bench.verify import IntegrityError
 from kvctl.errors import AuthError, ExitCode, KvctlError, UnavailableError, UsageError
 from kvctl.metadata import MetadataError, MetadataServer, open_metadata

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from kvctl.bench.engines import mooncake, nixl
-from kvctl.bench.engines.serve import TargetSet
-from kvctl.bench.target import TargetSpec
+from kvctl.bench.target.kvctl import TargetSpec
+from kvctl.bench.target.serve import TargetSet
 from kvctl.errors import UnavailableError
 
 

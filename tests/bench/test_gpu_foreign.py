@@ -18,7 +18,7 @@ from kvctl.bench.engines import driver_class
 from kvctl.bench.engines.foreign import ForeignTarget
 from kvctl.bench.engines.mooncake import cuda_build
 from kvctl.bench.engines.nixl import nixl_memory
-from kvctl.bench.engines.region import LocalRegion
+from kvctl.bench.region import LocalRegion
 from kvctl.bench.spec import Location
 from kvctl.errors import UnavailableError, UsageError
 from tests.fakes import cuda as fake_cuda

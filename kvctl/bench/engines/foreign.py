@@ -1,9 +1,9 @@
 """Engines kvctl does not own (Mooncake, NIXL): their targets, and how an initiator finds them.
 
 A foreign engine's target is always a process of its own, spawned with
-:class:`~kvctl.bench.child.ChildProcess`: on loopback the driver spawns it (zero setup);
+:class:`~kvctl.bench.target.child.ChildProcess`: on loopback the driver spawns it (zero setup);
 across hosts ``kvctl bench transfer --role target --engine ...`` spawns one per engine and
-transport (:mod:`kvctl.bench.engines.serve`). Either way the target reports a
+transport (:mod:`kvctl.bench.target.serve`). Either way the target reports a
 :class:`ForeignTarget`: where it serves, what it runs, and what an initiator needs to address
 its buffer (Mooncake: the session ``host:rpc_port``; NIXL: the agent metadata).
 
@@ -15,9 +15,9 @@ document a target without it wrote (the metadata server already refuses unsigned
 when it has the token), so a token on one side only is an error on both sides.
 
 :class:`ForeignDriver` is the driver half both engines share: the local region (host or GPU
-memory, :mod:`kvctl.bench.engines.region`), the target spawned here or looked up, ``prepare``
+memory, :mod:`kvctl.bench.region`), the target spawned here or looked up, ``prepare``
 per transport. Foreign drivers run in a child process
-of their own (:mod:`kvctl.bench.engines.isolated`): NIXL 1.5.1 crashes at exit in any process
+of their own (:mod:`kvctl.bench.isolated`): NIXL 1.5.1 crashes at exit in any process
 that created an agent, and that must not become kvctl's exit code.
 """
 
@@ -35,9 +35,9 @@ from typing import Any, ClassVar
 
 import psutil
 
-from kvctl.bench.child import ChildProcess
 from kvctl.bench.engines.base import DriverPlan, EngineDriver, PathInfo
-from kvctl.bench.engines.region import LocalRegion, check_gpu
+from kvctl.bench.region import LocalRegion, check_gpu
+from kvctl.bench.target.child import ChildProcess
 from kvctl.errors import AuthError, KvctlError, UnavailableError, UsageError
 from kvctl.metadata import key_prefix, open_metadata
 from kvctl.nativelog import component_of, send_native_output_to_log
@@ -168,7 +168,7 @@ def rendezvous(plan: DriverPlan) -> tuple[str, str]:
     Without ``--metadata`` the peer ``HOST:PORT`` is the target's own metadata server and the
     segment has its default name; with it, the peer is the segment's name.
     """
-    from kvctl.bench.target import DEFAULT_SEGMENT
+    from kvctl.bench.target.kvctl import DEFAULT_SEGMENT
 
     if plan.peer is None:
         raise UsageError("a loopback plan has no rendezvous", "give a peer")

@@ -5,7 +5,7 @@ file segment (``file:PATH``) or a GPU segment (``cuda:N``: the engine's own GPU 
 one its transports reach by dma-buf, peermem or staging; verification patterns go through a
 host copy of it, moved in and out with the engine's ``write_local``/``read_local``). One
 initiator engine runs at a time, opened with the transport under test; the target is an
-:class:`~kvctl.bench.target.EmbeddedTarget` on loopback unless ``peer`` names one.
+:class:`~kvctl.bench.target.kvctl.EmbeddedTarget` on loopback unless ``peer`` names one.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kvctl.bench.engines.base import BatchOutcome, DriverPlan, EngineDriver, PathInfo
-from kvctl.bench.engines.region import check_gpu
+from kvctl.bench.region import check_gpu
 from kvctl.bench.spec import Op
-from kvctl.bench.target import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec, rdma_options
+from kvctl.bench.target.kvctl import DEFAULT_SEGMENT, EmbeddedTarget, TargetSpec, rdma_options
 from kvctl.errors import UsageError
 from kvctl.metadata.base import MetadataError
 from kvctl.net.advertise import host_of

@@ -5,7 +5,7 @@ protocol, "")`` (no etcd), register their memory with ``register_memory``, and t
 addresses the target by its session id ``host:rpc_port`` plus the target buffer's address,
 moving batches with ``batch_transfer_sync_read/write``. The target is a spawned process: on
 127.0.0.1 for a loopback run, at the host's routable address under ``--role target``
-(:mod:`kvctl.bench.engines.serve`). ``host`` is that address on the target and the address
+(:mod:`kvctl.bench.target.serve`). ``host`` is that address on the target and the address
 that routes to the target on the initiator; ``MC_TCP_BIND_ADDRESS`` is set to the same, since
 Mooncake otherwise advertises its first active interface's address. ``MC_LOG_LEVEL``
 defaults to ``ERROR`` to keep Mooncake's glog lines off the terminal.
@@ -17,7 +17,7 @@ row is labelled with what Mooncake installed (read back from its topology: HCAs 
 RDMA); ``rdma`` is skipped when Mooncake installed TCP, and both sides must agree.
 
 Memory: ``cpu:N`` regions are host mappings; ``cuda:N`` regions are GPU memory
-(:mod:`kvctl.bench.engines.region`) whose device pointer goes to ``register_memory`` as is:
+(:mod:`kvctl.bench.region`) whose device pointer goes to ``register_memory`` as is:
 Mooncake's CUDA build tells device memory by ``cudaPointerGetAttributes`` (its TCP transport
 stages it with ``cudaMemcpy``, its RDMA transport registers it). The ``-non-cuda`` wheel
 would treat the pointer as host memory, so GPU locations are refused with it. For ``rdma``
@@ -40,7 +40,6 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.engines.base import BatchOutcome, DriverPlan, PathInfo
 from kvctl.bench.engines.foreign import (
     ForeignDriver,
@@ -49,8 +48,9 @@ from kvctl.bench.engines.foreign import (
     local_host_toward,
     stdout_to_stderr,
 )
-from kvctl.bench.engines.region import LocalRegion
+from kvctl.bench.region import LocalRegion
 from kvctl.bench.spec import Op, parse_location
+from kvctl.bench.target.child import ChildProcess, serve_until_stopped
 from kvctl.errors import KvctlError, UnavailableError, UsageError
 from kvctl.net.advertise import join_host_port
 from kvctl.net.bind import is_loopback

@@ -6,7 +6,7 @@ without a GPU. This driver imports ``nixl._api`` or, failing that, ``nixl_cu12._
 ``nixl_cu13._api``.
 
 Memory: ``cpu:N`` regions register as ``DRAM`` (device 0); ``cuda:N`` regions are GPU memory
-(:mod:`kvctl.bench.engines.region`) registered and addressed as ``VRAM`` of CUDA device N,
+(:mod:`kvctl.bench.region`) registered and addressed as ``VRAM`` of CUDA device N,
 ``register_memory([(addr, len, N, "")], "VRAM")`` and ``get_xfer_descs([(addr, len, N)],
 "VRAM")``, as NIXL's own examples do with torch tensors; the target tells the initiator its
 location, so remote descriptors carry the target's memory type and device.
@@ -25,7 +25,7 @@ the address the target published is the one the bytes use.
 
 NIXL 1.5.1 crashes at exit in any process that created an agent (exit 139): the target
 process ends with ``os._exit`` after its teardown, and the session runs this driver in a
-child process of its own (:mod:`kvctl.bench.engines.isolated`).
+child process of its own (:mod:`kvctl.bench.isolated`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, NoReturn
 
-from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.engines.base import BatchOutcome, PathInfo
 from kvctl.bench.engines.foreign import (
     ForeignDriver,
@@ -51,8 +50,9 @@ from kvctl.bench.engines.foreign import (
     local_host_toward,
     stdout_to_stderr,
 )
-from kvctl.bench.engines.region import LocalRegion
+from kvctl.bench.region import LocalRegion
 from kvctl.bench.spec import Op, parse_location
+from kvctl.bench.target.child import ChildProcess, serve_until_stopped
 from kvctl.errors import KvctlError, UnavailableError, UsageError
 from kvctl.net.bind import is_loopback
 

@@ -1,9 +1,13 @@
 """``--role target`` for every engine: kvctl's target, foreign targets, one rendezvous.
 
+Not a second kvctl target: kvctl's engine is served by :mod:`kvctl.bench.target.kvctl`'s
+:class:`~kvctl.bench.target.kvctl.BenchTarget`, which this set runs beside the foreign
+drivers' targets. It sits over the drivers; that one sits under them.
+
 ``kvctl bench transfer --role target --engine kvctl --engine mooncake --engine nixl`` serves
 all three for one sweep:
 
-- kvctl's engine as :class:`~kvctl.bench.target.BenchTarget` does (its metadata server at
+- kvctl's engine as :class:`~kvctl.bench.target.kvctl.BenchTarget` does (its metadata server at
   ``--listen``, or ``--metadata``);
 - each foreign engine in a spawned process per transport of the sweep it can serve
   (:meth:`~kvctl.bench.engines.foreign.ForeignDriver.launch_target`), bound to the address
@@ -27,7 +31,6 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from kvctl.bench.child import ChildProcess
 from kvctl.bench.engines.base import driver_class
 from kvctl.bench.engines.foreign import (
     ForeignDriver,
@@ -36,7 +39,8 @@ from kvctl.bench.engines.foreign import (
     encode_descriptor,
 )
 from kvctl.bench.runner import Skipped
-from kvctl.bench.target import BenchTarget, TargetSpec
+from kvctl.bench.target.child import ChildProcess
+from kvctl.bench.target.kvctl import BenchTarget, TargetSpec
 from kvctl.errors import UnavailableError
 from kvctl.net.advertise import advertised_hosts
 from kvctl.net.bind import parse_listen

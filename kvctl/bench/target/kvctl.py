@@ -1,12 +1,15 @@
-"""The benchmark target: a kvctl transfer engine serving one segment, found by name or address.
+"""kvctl's engine as a bench target: a transfer engine serving one segment, found by name or
+address (the other engines' targets are their drivers'; all of them together for
+``--role target`` are :mod:`kvctl.bench.target.serve`'s).
 
 - With a metadata URL the target publishes its segment there and initiators find it by name.
 - Without one it runs kvctl's own HTTP metadata server on its listen address, so an initiator
   needs only ``HOST:PORT`` (``--peer``): that address *is* the metadata URL.
 
-:class:`BenchTarget` runs in the calling process (``kvctl bench transfer --role target``);
-:class:`EmbeddedTarget` runs one in a separate, spawned process on loopback for zero-setup runs,
-so the initiator and the target never share an interpreter (or a GIL).
+:class:`BenchTarget` runs in the calling process (``kvctl bench transfer --role target``,
+through :class:`~kvctl.bench.target.serve.TargetSet`); :class:`EmbeddedTarget` runs one in a
+separate, spawned process on loopback for zero-setup runs (kvctl's driver), so the initiator
+and the target never share an interpreter (or a GIL).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ import os
 from types import TracebackType
 from typing import Any, Self
 
-from kvctl.bench.child import ChildProcess, serve_until_stopped
 from kvctl.bench.spec import parse_location
+from kvctl.bench.target.child import ChildProcess, serve_until_stopped
 from kvctl.errors import ExitCode, KvctlError
 from kvctl.net.advertise import check_reachable, host_of, join_host_port, warn_unresolvable
 from kvctl.net.bind import parse_listen
