@@ -17,15 +17,23 @@ from collections.abc import Iterator
 import pytest
 
 from kvctl.cluster.coordinator import Coordinator
-from kvctl.cluster.protocol import DONE, KEYS, Job, KeysParams, raw, seal
+from kvctl.cluster.protocol import DONE, KEYS
 from kvctl.metadata import MetadataClient, open_metadata
-from tests.reliability.cluster_jobs import TOKEN, Work, dropped, new_cluster, start_agent, statuses
+from tests.reliability.cluster_jobs import (
+    JUNK,
+    PARAMS,
+    TOKEN,
+    Work,
+    dropped,
+    junk_job,
+    new_cluster,
+    start_agent,
+    statuses,
+)
 from tests.reliability.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
-PARAMS = KeysParams(profile="vllm", prompts_jsonl="")
-JUNK = 3000
 #: How late the genuine job may start after the flood (documented with etcd: 5-7 ms median
 #: on an idle agent; this allows for the agent judging the tail of the flood and a loaded
 #: test machine).
@@ -39,17 +47,6 @@ def etcd(etcd_url: str) -> Iterator[MetadataClient]:
     client.close()
 
 
-def _junk(keys_root: str, i: int, host: str) -> tuple[str, bytes]:
-    key = f"{keys_root}jobs/{host}/junk-{i}"
-    job = Job(job_id=f"junk-{i}", run_id="junk", kind=KEYS, host=host, issued_at=0.0,
-              hold_s=3600.0, params=raw(PARAMS))
-    if i % 3 == 0:
-        return key, seal(key, "job", job, None)  # unsigned
-    if i % 3 == 1:
-        return key, seal(key, "job", job, "a-token-the-attacker-made-up")  # badly signed
-    return key, b"\x00junk" * (i % 7 + 1)  # not a document at all
-
-
 def test_a_genuine_job_behind_3000_junk_jobs_starts_at_once(
         etcd: MetadataClient, caplog: pytest.LogCaptureFixture) -> None:
     cluster_id, keys = new_cluster()
@@ -60,7 +57,7 @@ def test_a_genuine_job_behind_3000_junk_jobs_starts_at_once(
         with Coordinator(etcd, keys, token=TOKEN, ttl_s=5.0, poll_s=0.05) as coord:
             seen = dropped(agent)
             for i in range(JUNK):  # bounded: exactly JUNK puts
-                etcd.put(*_junk(keys.root, i, "h0"))
+                etcd.put(*junk_job(keys.root, i, "h0"))
             posted = time.monotonic()
             ref = coord.submit("h0", KEYS, PARAMS, hold_s=120.0)
             coord.wait([ref], timeout_s=120.0)
