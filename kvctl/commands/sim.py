@@ -3,6 +3,7 @@ same on a recorded trace)."""
 
 from __future__ import annotations
 
+import decimal
 from pathlib import Path
 from typing import Annotated
 
@@ -241,20 +242,31 @@ _TV = "Cost view"
 _TOKEN_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
 
+#: Largest token count a flag takes: far past any cache, small enough to stay exact.
+_MAX_TOKENS = 10**30
+
+
 def _tokens(text: str, flag: str) -> int:
-    """``3000000``, ``3M``, ``500k``, ``1e6`` (decimal units: tokens, not bytes)."""
+    """``3000000``, ``3M``, ``500k``, ``1.5M``, ``1e6`` (decimal units: tokens, not bytes),
+    exactly: ``3000000000000000001`` is that many, not the nearest float."""
     raw = text.strip()
     unit = raw[-1:].lower() if raw[-1:].isalpha() and raw[-1:].lower() in "kmg" else ""
     number = raw[:-1] if unit else raw
     try:
-        value = float(number) * _TOKEN_UNITS[unit]
-    except ValueError:
+        value = decimal.Decimal(number)
+        if value.is_finite() and value.adjusted() <= 30:  # else refused below, not overflowed
+            with decimal.localcontext(prec=80):  # exact: no rounding to 28 digits
+                value *= _TOKEN_UNITS[unit]
+    except decimal.InvalidOperation:  # not a number, or a signalling NaN
         raise UsageError(f"{flag} {text!r} is not a token count",
                          f"give whole tokens, e.g. {flag} 3000000 or 3M (decimal: 10^6)"
                          ) from None
-    if not value.is_integer() or value < 0:
+    if not value.is_finite() or value != value.to_integral_value() or value < 0:
         raise UsageError(f"{flag} {text!r} is not a whole number of tokens 0 or more",
                          f"give e.g. {flag} 3000000")
+    if value > _MAX_TOKENS:
+        raise UsageError(f"{flag} {text!r} is more than {_MAX_TOKENS:,} tokens",
+                         f"give e.g. {flag} 1G (10^9 tokens)")
     return int(value)
 
 

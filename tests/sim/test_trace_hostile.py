@@ -97,3 +97,25 @@ def test_the_gpu_hint_names_a_flag_sim_trace_has(kvctl: Kvctl, tmp_path: Path) -
     cost = ok.json()["cost"]
     assert "from --gpu-tflops" in cost["prefill_source"]
     assert cost["prefill_tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("3000000000000000001", 3_000_000_000_000_000_001),  # a float would make it 3e18
+    ("1.5M", 1_500_000), ("3M", 3_000_000), ("2k", 2000), ("1e6", 1_000_000), ("0", 0),
+])
+def test_token_counts_are_exact(kvctl: Kvctl, tmp_path: Path, text: str, want: int) -> None:
+    r = kvctl("sim", "trace", _ok_trace(tmp_path), "--capacity-tokens", text, "--json")
+    assert r.exit_code == 0, r.stderr
+    assert [x["capacity_tokens"] for x in r.json()["results"]] == [want]
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("3MiB", "not a token count"), ("1.5", "not a whole number"), ("-1", "not a whole number"),
+    ("nan", "not a whole number"), ("inf", "not a whole number"), ("sNaN", "not a whole"),
+    ("-1e1000000000", "not a whole"),
+    ("1e1000000000", "more than"), ("1000000000000000000000000000001", "more than"),
+    ("1000000000000000000000001G", "more than"),
+])
+def test_bad_token_counts(kvctl: Kvctl, tmp_path: Path, text: str, words: str) -> None:
+    _refused(kvctl("sim", "trace", _ok_trace(tmp_path), "--capacity-tokens", text), words)
+    _refused(kvctl("sim", "trace", _ok_trace(tmp_path), "--pool-tokens", text), words)
