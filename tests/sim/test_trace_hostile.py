@@ -119,3 +119,12 @@ def test_token_counts_are_exact(kvctl: Kvctl, tmp_path: Path, text: str, want: i
 def test_bad_token_counts(kvctl: Kvctl, tmp_path: Path, text: str, words: str) -> None:
     _refused(kvctl("sim", "trace", _ok_trace(tmp_path), "--capacity-tokens", text), words)
     _refused(kvctl("sim", "trace", _ok_trace(tmp_path), "--pool-tokens", text), words)
+
+
+def test_a_million_instances_is_refused_before_the_replay(kvctl: Kvctl, tmp_path: Path) -> None:
+    r = kvctl("sim", "trace", str(tmp_path / "missing.jsonl"), "--instances", "1000000")
+    _refused(r, "--instances 1,000,000 is more than 10,000")
+    ok = kvctl("sim", "trace", _ok_trace(tmp_path), "--instances", "10000", "--capacity-tokens",
+               "0", "--routing", "round-robin", "--json")
+    assert ok.exit_code == 0, ok.stderr
+    assert len(ok.json()["results"][-1]["per_instance"]) == 10_000
