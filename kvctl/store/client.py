@@ -204,8 +204,19 @@ class StoreClient:
         return reply.nodes
 
     def _take_releases(self) -> tuple[list[str], list[int]]:
+        """Leases to end, at most a quarter of a master frame of keys (the rest wait for
+        the next request)."""
         with self._releases_lock:
-            pending, self._releases = self._releases, []
+            pending = self._releases
+            budget = self._frame_budget()
+            size = 0
+            for n, (key, _) in enumerate(pending):
+                size += len(key) * 4 + 16  # (UTF-8 is at most 4 bytes a character)
+                if size > budget:
+                    pending, self._releases = pending[:n], pending[n:]
+                    break
+            else:
+                self._releases = []
         return [k for k, _ in pending], [v for _, v in pending]
     # ------------------------------------------------------------------ put
 
@@ -230,8 +241,10 @@ class StoreClient:
         Items the master answers ``busy`` (room being made by write-back eviction, or
         another put of the key in flight) are retried with backoff until ``timeout_s``.
         """
-        out: list[KvctlError | None] = [None] * len(items)
-        todo = list(range(len(items)))
+        out: list[KvctlError | None] = [_odd_key(k) for k, _ in items]
+        todo = [i for i, err in enumerate(out) if err is None]  # (odd keys are never sent)
+        if not todo:
+            return out
         deadline = time.monotonic() + self.timeout_s
         pause_s = 0.005
         while True:
@@ -532,10 +545,7 @@ class StoreClient:
 
     def batch_get(self, keys: Sequence[str]) -> list[bytes | KvctlError]:
         """Values of many keys in one master round trip; per key bytes or its error."""
-        out: list[bytes | KvctlError] = []
-        for start, end in self._key_chunks(len(keys)):
-            out.extend(self._get_chunk(list(keys[start:end]), None))
-        return out
+        return self._get_all(list(keys), None)
 
     def batch_get_into(self, keys: Sequence[str], buffers: Sequence[Any]
                        ) -> list[int | KvctlError]:
@@ -543,21 +553,64 @@ class StoreClient:
         if len(keys) != len(buffers):
             raise BadRequestError(f"{len(keys)} keys but {len(buffers)} buffers",
                                   "pass one buffer per key")
-        out: list[int | KvctlError] = []
-        for start, end in self._key_chunks(len(keys)):
-            views = [memoryview(b).cast("B") for b in buffers[start:end]]
-            if any(v.readonly for v in views):  # (else a raw BufferError, or 'unavailable')
-                i = start + next(j for j, v in enumerate(views) if v.readonly)
-                raise BadRequestError(f"buffer {i} (for {keys[i]!r}) is read-only",
-                                      "pass writable buffers (bytearray, mmap, numpy array)")
-            for r in self._get_chunk(list(keys[start:end]), views):
-                out.append(r if isinstance(r, KvctlError) else len(r) if isinstance(r, bytes)
-                           else r)
+        views = [memoryview(b).cast("B") for b in buffers]
+        if any(v.readonly for v in views):  # (else a raw BufferError, or 'unavailable')
+            i = next(j for j, v in enumerate(views) if v.readonly)
+            raise BadRequestError(f"buffer {i} (for {keys[i]!r}) is read-only",
+                                  "pass writable buffers (bytearray, mmap, numpy array)")
+        return [r if isinstance(r, KvctlError) else len(r) if isinstance(r, bytes) else r
+                for r in self._get_all(list(keys), views)]
+
+    def _get_all(self, keys: list[str], dests: list[memoryview] | None) -> list[Any]:
+        """Every key's result, in requests that fit the master's frames both ways (a reply
+        echoes each key, so a batch of long keys is split by bytes, not only by count);
+        keys the master left out of a full reply are asked again."""
+        out: list[Any] = [None] * len(keys)
+        todo: list[int] = []
+        for i, key in enumerate(keys):
+            bad = _odd_key(key)
+            if bad is None:
+                todo.append(i)
+            else:
+                out[i] = bad  # never sent: it cannot be encoded, or the master refuses it
+        while todo:
+            for start, end in self._get_chunks([keys[i] for i in todo]):
+                part = todo[start:end]
+                got = self._get_chunk([keys[i] for i in part],
+                                      None if dests is None else [dests[i] for i in part])
+                for i, result in zip(part, got, strict=True):
+                    out[i] = result
+            again = [i for i in todo if out[i] is _AGAIN]
+            if len(again) == len(todo):  # not one answered: the master cannot fit any
+                for i in again:
+                    out[i] = ProtocolError(
+                        f"store master at {self.master} answered no key of a get "
+                        "(its replies are full)", "use the same kvctl version as the master")
+                break
+            todo = again
         return out
 
-    def _key_chunks(self, n: int) -> list[tuple[int, int]]:
-        step = p.MAX_BATCH
-        return [(i, min(n, i + step)) for i in range(0, n, step)] or [(0, 0)]
+    def _get_chunks(self, keys: list[str]) -> list[tuple[int, int]]:
+        """Cut a get into requests of at most MAX_BATCH keys and half a master frame of
+        keys (the reply repeats each key with its locations)."""
+        n = len(keys)
+        if n <= 64 and sum(map(len, keys)) <= 64 * 1024:  # (at most 256 KiB of UTF-8)
+            return [(0, n)] if n else []
+        budget = self._frame_budget() * 2
+        chunks: list[tuple[int, int]] = []
+        start, size = 0, 0
+        for i, key in enumerate(keys):
+            cost = len(self.namespace) + len(key.encode("utf-8")) + _SLOT_BYTES
+            if i > start and (i - start >= p.MAX_BATCH or size + cost > budget):
+                chunks.append((start, i))
+                start, size = i, 0
+            size += cost
+        chunks.append((start, n))
+        return chunks
+
+    def _frame_budget(self) -> int:
+        """A quarter of the largest master message, bytes."""
+        return min(self._pool.max_frame_bytes, p.DEFAULT_MAX_FRAME_BYTES) // 4
 
     def _get_chunk(self, keys: list[str], dests: list[memoryview] | None
                    ) -> list[Any]:
@@ -652,7 +705,9 @@ class StoreClient:
             done = [(s.key, s.version) for s in slots.values() if not s.pending]
             with self._releases_lock:
                 self._releases.extend(done)
-                flush = len(self._releases) >= p.MAX_BATCH
+                flush = len(self._releases) >= p.MAX_BATCH or (
+                    len(self._releases) > 64
+                    and sum(len(k) for k, _ in self._releases) * 4 > self._frame_budget())
             if flush:
                 self._flush_releases()
         if self._shared_bad:
@@ -672,7 +727,7 @@ class StoreClient:
         files: list[int] = []  # read from the shared tier, all together below
         for i, slot in enumerate(reply.slots):
             if isinstance(slot, p.ErrorInfo):
-                out[i] = error_from(slot, key=keys[i])
+                out[i] = _AGAIN if slot.code == p.REPLY_FULL else error_from(slot, key=keys[i])
             elif dests is not None and dests[i].nbytes < slot.size:
                 out[i] = BadRequestError(f"buffer of {dests[i].nbytes} bytes is too small for "
                                          f"{keys[i]!r} ({slot.size} bytes)",
@@ -840,8 +895,14 @@ class StoreClient:
     def _report_shared_bad(self) -> None:
         """Send the bad files found (no reply; best effort: the master checks them)."""
         with self._releases_lock:
-            bad, self._shared_bad = self._shared_bad[:p.MAX_BATCH], self._shared_bad[
-                p.MAX_BATCH:]
+            budget, n = self._frame_budget(), 0
+            for n, (key, _) in enumerate(self._shared_bad[:p.MAX_BATCH], 1):
+                budget -= len(key) * 4 + 16
+                if budget < 0:
+                    n -= 1
+                    break
+            n = max(1, n)
+            bad, self._shared_bad = self._shared_bad[:n], self._shared_bad[n:]
         if not bad:
             return
         with contextlib.suppress(KvctlError), self._pool.connection() as conn:
@@ -849,8 +910,10 @@ class StoreClient:
                 conn.send(p.SharedBad(keys=[k for k, _ in bad], versions=[v for _, v in bad]))
 
     def _flush_releases(self) -> None:
-        keys, versions = self._take_releases()
-        if keys:
+        for _ in range(p.MAX_BATCH):  # bounded: each round takes at least one
+            keys, versions = self._take_releases()
+            if not keys:
+                return
             with self._pool.connection() as conn:
                 conn.send(p.Release(keys=keys, versions=versions))
 
@@ -956,6 +1019,21 @@ class StoreClient:
 
 #: Key bytes per request of a key-only batch: half a frame, leaving room for encoding.
 KEY_CHUNK_BYTES = p.DEFAULT_MAX_FRAME_BYTES // 2
+#: What a get slot takes in a reply besides its key, bytes (one replica's location and a
+#: shared-tier path; more is fitted by the master, which leaves out what does not fit).
+_SLOT_BYTES = 256
+#: A result still to come: the master left the key out of a full reply (asked again).
+_AGAIN: Any = object()
+
+
+def _odd_key(key: str) -> BadRequestError | None:
+    """The error the master would answer for ``key`` (empty, too long, unprintable), or
+    one it could not even be sent with (a lone surrogate: not UTF-8); ``None`` for a
+    valid key. Cheap for the usual short printable key."""
+    if 0 < len(key) <= p.MAX_KEY_BYTES // 4 and key.isprintable():
+        return None
+    bad = p.check_key(key)
+    return None if bad is None else BadRequestError(bad.cause, bad.hint or None)
 
 
 def _key_chunks(keys: list[str]) -> list[list[str]]:

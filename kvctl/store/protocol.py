@@ -131,7 +131,8 @@ class ErrorInfo(Struct, frozen=True, tag="err"):
 
     ``code``: not_found, evicted, bad_request, too_large, unauthorized, forbidden (a tenant
     named a key outside its namespace, or asked for a node-only operation), full, version,
-    unavailable, internal.
+    unavailable, internal; in a get reply also reply_full (:data:`REPLY_FULL`: left out of
+    a full reply, ask again).
     """
 
     code: str
@@ -559,6 +560,35 @@ def fit_key_list(objects: list[ObjectInfo], truncated: bool, max_frame_bytes: in
         if budget < 0:
             return KeyList(objects=objects[:count], truncated=True)
     return KeyList(objects=objects, truncated=truncated)
+
+
+#: The code of a get slot the master left out because its reply was full (a frame holds
+#: at most ``max_frame_bytes``): not an error of the key; the client asks for it again.
+REPLY_FULL: Final = "reply_full"
+#: Slots above this many are measured before a get reply is sent (fewer always fit a frame).
+_FIT_ABOVE = 64
+
+
+def fit_get_reply(reply: GetReply, max_frame_bytes: int) -> tuple[GetReply, list[int]]:
+    """``reply`` cut to fit one frame of ``max_frame_bytes``: the slots past what fits (long
+    keys, many replicas, long shared-tier paths, causes naming keys) become
+    :data:`REPLY_FULL` errors, for the client to ask again. Also the indices of those slots
+    (their leases are the caller's to end). A reply of few slots is returned as it is."""
+    slots = reply.slots
+    n = len(slots)
+    if n <= _FIT_ABOVE:
+        return reply, []
+    encode = msgspec.msgpack.encode
+    full = ErrorInfo(code=REPLY_FULL, cause="reply full", hint="ask for this key again")
+    held = len(encode(full))
+    # The reply's own fields, its attached lists (one int each at most) and its frame MAC.
+    budget = max_frame_bytes - 1024 - 10 * n
+    used = 0
+    for i, slot in enumerate(slots):
+        used += len(encode(slot))
+        if used + held * (n - i - 1) > budget:  # (slots before i fit with the rest held)
+            return GetReply(slots=[*slots[:i], *[full] * (n - i)]), list(range(i, n))
+    return reply, []
 
 
 def check_key(key: str) -> ErrorInfo | None:

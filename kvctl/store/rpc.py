@@ -298,7 +298,17 @@ class MasterConnection:
     def send(self, msg: msgspec.Struct) -> None:
         """Send a request that gets no reply (commits), or whose reply :meth:`recv` takes."""
         try:
-            self._sock.sendall(self._codec.encode(msg))
+            frame = self._codec.encode(msg)
+        except UnicodeEncodeError as exc:  # a lone surrogate (e.g. from os.fsdecode)
+            raise BadRequestError(
+                f"{exc.object[max(0, exc.start - 20):exc.end + 20]!r} is not valid UTF-8 "
+                f"({exc.reason})", "keys and names are UTF-8 text: check the bytes (or the "
+                "shell's locale)") from None
+        except FrameError as exc:  # larger than a frame: nothing was sent
+            raise BadRequestError(f"request to the store master is too large: {exc.cause}",
+                                  "send fewer or shorter keys per call") from None
+        try:
+            self._sock.sendall(frame)
         except OSError as exc:
             raise self._unavailable("took no request", exc) from exc
 

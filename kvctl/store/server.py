@@ -423,7 +423,18 @@ class MasterServer:
         if isinstance(msg, p.Get):
             if len(msg.keys) > p.MAX_BATCH:
                 return _too_many(len(msg.keys))
-            return core.get(msg)
+            answer = core.get(msg)
+            # Long keys (or many replicas, long shared-tier paths) can make the answer to
+            # a batch within MAX_BATCH larger than a frame: what does not fit is left out
+            # (reply_full) for the client to ask again, and its leases end here.
+            reply, left = p.fit_get_reply(answer,
+                                          min(self._max_frame, p.DEFAULT_MAX_FRAME_BYTES))
+            taken = [s for s in (answer.slots[i] for i in left)
+                     if isinstance(s, p.GetSlot) and not s.pending] if msg.lease else []
+            if taken:
+                core.release(p.Release(keys=[s.key for s in taken],
+                                       versions=[s.version for s in taken]))
+            return reply
         if isinstance(msg, p.Put):
             if len(msg.items) > p.MAX_BATCH:
                 return _too_many(len(msg.items))
