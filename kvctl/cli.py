@@ -26,10 +26,10 @@ from typer.core import TyperCommand, TyperGroup
 
 from kvctl import __version__
 from kvctl.argv import normalise
-from kvctl.clihelp import polish
 from kvctl.commands._common import GlobalOptions
 from kvctl.config import read_config_file
 from kvctl.errors import ExitCode, KvctlError, UnavailableError, UsageError
+from kvctl.help.polish import polish
 from kvctl.output import print_error, safe_log_lines
 
 _HELP = """kvctl: check the KV-cache fabric of disaggregated LLM inference.

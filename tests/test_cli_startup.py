@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import kvctl.cli
-from kvctl.clihelp import placeholder, reflow
+from kvctl.help.polish import placeholder, reflow
 
 
 def _python(code: str, env: dict[str, str] | None = None) -> str:

@@ -9,11 +9,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 
 from kvctl.commands._common import JsonOpt, global_options
-from kvctl.help import ALIASES, all_topics, get_topic, topic_names
-
-
-def _complete_topic(incomplete: str) -> list[str]:
-    return [name for name in sorted({*topic_names(), *ALIASES}) if name.startswith(incomplete)]
+from kvctl.help import all_topics, complete_topic, get_topic
 
 
 def help_command(
@@ -21,7 +17,7 @@ def help_command(
     topic: Annotated[
         str | None,
         typer.Argument(help="Topic (command family or concept); without it, list the topics.",
-                       show_default=False, autocompletion=_complete_topic),
+                       show_default=False, autocompletion=complete_topic),
     ] = None,
     json_out: JsonOpt = False,
 ) -> None:

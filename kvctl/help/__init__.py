@@ -1,4 +1,7 @@
-"""Help topics: man-style pages for ``kvctl help TOPIC``, shipped as package data.
+"""Help, all of it but the command: the topic pages here, the help text of every command in
+:mod:`kvctl.help.polish`; :mod:`kvctl.commands.help` is ``kvctl help`` itself (it renders).
+
+Help topics: man-style pages for ``kvctl help TOPIC``, shipped as package data.
 
 Each topic is a Markdown file ``kvctl/help/topics/<name>.md`` whose first line is
 ``# <name> — <one-line summary>``. The pages are the reference an operator reads at the
@@ -82,6 +85,11 @@ def get_topic(name: str) -> Topic:
                          f"{guess}topics: {', '.join(names)} (kvctl help lists them)")
     text = _topics_dir().joinpath(f"{key}.md").read_text(encoding="utf-8")
     return _parse(key, text)
+
+
+def complete_topic(incomplete: str) -> list[str]:
+    """The topic names and aliases that start with ``incomplete``, sorted (for completion)."""
+    return [name for name in sorted({*topic_names(), *ALIASES}) if name.startswith(incomplete)]
 
 
 def all_topics() -> list[Topic]:

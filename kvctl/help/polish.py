@@ -1,5 +1,10 @@
 """Help text and completion as people read them, applied to the built command tree.
 
+It imports neither Typer nor Rich: it takes the (click) command :mod:`kvctl.cli` built and
+edits its help strings, placeholders and completers in place, so it is library code the CLI
+calls, beside the topic pages (:mod:`kvctl.help`). The ``--profile`` completion reads the key
+profiles, which puts :mod:`kvctl.help` on the library's top floor with :mod:`kvctl.keys`.
+
 Typer shows Python types as placeholders (``--json <bool>``, ``--engine <list[str]>``) and
 keeps the line breaks of the source's docstrings, so a terminal narrower than the source
 breaks sentences in two. :func:`polish` walks a command once it is built and
