@@ -122,12 +122,25 @@ def shared_metadata(common: CommonSettings) -> CommonSettings:
     return common
 
 
+def _utf8(text: str | None) -> str | None:
+    """A key or prefix the metadata backends can store: UTF-8 text (the shell hands bytes
+    that are not UTF-8 over as lone surrogates)."""
+    if text is not None:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"key {text!r} is not valid UTF-8",
+                             "keys are UTF-8 text: check the bytes (or the shell's locale)"
+                             ) from None
+    return text
+
+
 @app.command("ls")
 def ls(
     ctx: typer.Context,
     prefix: Annotated[str | None, typer.Argument(
         show_default=False, help="Key prefix (default: kvctl/ or kvctl/<cluster_id>/).",
-    )] = None,
+        callback=_utf8)] = None,
     metadata: MetadataOpt = None,
     json_: JsonOpt = False,
 ) -> None:
@@ -167,7 +180,8 @@ def ls(
 @app.command("get")
 def get(
     ctx: typer.Context,
-    key: Annotated[str, typer.Argument(help="The full key, e.g. kvctl/segments/host-a.")],
+    key: Annotated[str, typer.Argument(help="The full key, e.g. kvctl/segments/host-a.",
+                                       callback=_utf8)],
     metadata: MetadataOpt = None,
     json_: JsonOpt = False,
 ) -> None:

@@ -19,8 +19,25 @@ import threading
 import time
 from collections import OrderedDict
 
+from kvctl.errors import ConfigError
+
 NONCE_BYTES = 32
 DIGEST_BYTES = 32
+
+
+def secret(token: str) -> bytes:
+    """The token's bytes (UTF-8).
+
+    Raises:
+        ConfigError: the token is not UTF-8 text (a lone surrogate: an environment
+            variable or file holding bytes that are not UTF-8); the token is not shown.
+    """
+    try:
+        return token.encode()
+    except UnicodeEncodeError:
+        raise ConfigError("the token is not valid UTF-8 text",
+                          "set KVCTL_TOKEN (or --token, or the token file) to UTF-8 text, "
+                          "e.g. the output of 'openssl rand -hex 32'") from None
 
 
 def new_nonce() -> bytes:
@@ -30,7 +47,7 @@ def new_nonce() -> bytes:
 
 def respond(token: str, nonce: bytes, context: bytes) -> bytes:
     """The answer to ``nonce`` for a listener of kind ``context`` (e.g. ``b"kvctl-tcp/1"``)."""
-    return hmac.new(token.encode(), context + b"\0" + nonce, hashlib.sha256).digest()
+    return hmac.new(secret(token), context + b"\0" + nonce, hashlib.sha256).digest()
 
 
 def server_proof(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes
@@ -38,7 +55,7 @@ def server_proof(token: str, server_nonce: bytes, client_nonce: bytes, context: 
     """The server's half of mutual authentication: it knows ``token`` too. Bound to both
     nonces of this handshake, and in another domain than :func:`respond`, so neither a
     client's answer nor an old proof can stand in for it."""
-    return hmac.new(token.encode(), context + b"\0server\0" + server_nonce + client_nonce,
+    return hmac.new(secret(token), context + b"\0server\0" + server_nonce + client_nonce,
                     hashlib.sha256).digest()
 
 
@@ -98,7 +115,7 @@ def _request_mac(token: str, method: str, path: str, body: bytes, timestamp: str
                  nonce: str) -> str:
     message = b"\n".join([method.upper().encode(), path.encode(), timestamp.encode(),
                           nonce.encode(), hashlib.sha256(body).digest()])
-    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
+    return hmac.new(secret(token), message, hashlib.sha256).hexdigest()
 
 
 #: Bytes of the MAC that follows each frame's control part on an authenticated connection.
@@ -109,7 +126,7 @@ def session_key(token: str, server_nonce: bytes, client_nonce: bytes, context: b
                 ) -> bytes:
     """The key of one authenticated connection: bound to the token and to both nonces of
     its handshake, in a domain of its own (no answer or proof is ever equal to it)."""
-    return hmac.new(token.encode(), context + b"\0session\0" + server_nonce + client_nonce,
+    return hmac.new(secret(token), context + b"\0session\0" + server_nonce + client_nonce,
                     hashlib.sha256).digest()
 
 

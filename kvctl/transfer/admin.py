@@ -16,8 +16,20 @@ _log = logging.getLogger("kvctl.transfer")
 
 
 def segment_key(cluster_id: str, name: str) -> str:
-    """Metadata key of segment ``name``: ``<prefix>segments/<name>``."""
-    return f"{key_prefix(cluster_id)}segments/{name}"
+    """Metadata key of segment ``name``: ``<prefix>segments/<name>``.
+
+    Raises:
+        UsageError: the name or cluster id is not UTF-8 text (a lone surrogate, as
+            ``os.fsdecode`` makes of bytes that are not UTF-8), so no backend can store it.
+    """
+    key = f"{key_prefix(cluster_id)}segments/{name}"
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"segment name {name!r} (cluster {cluster_id!r}) is not valid UTF-8",
+                         "names are UTF-8 text: check the bytes (or the shell's locale)"
+                         ) from None
+    return key
 
 
 def list_segments(metadata: MetadataClient, cluster_id: str = "") -> list[SegmentInfo]:

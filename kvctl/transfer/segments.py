@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvctl.errors import UnavailableError, UsageError
+from kvctl.net import auth
 from kvctl.transfer import shmfiles
 from kvctl.transfer.errors import BusyError, OutOfRangeError
 
@@ -270,7 +271,7 @@ class DescriptorAuthError(UsageError):
 def descriptor_mac(token: str, key: str, body: dict[str, Any]) -> str:
     """HMAC-SHA256 (hex) of a descriptor: its metadata key and its JSON without ``sig``."""
     text = json.dumps({k: v for k, v in body.items() if k != "sig"}, sort_keys=True)
-    return hmac.new(token.encode(), b"kvctl-descriptor/1\0" + key.encode() + b"\0"
+    return hmac.new(auth.secret(token), b"kvctl-descriptor/1\0" + key.encode() + b"\0"
                     + text.encode(), hashlib.sha256).hexdigest()
 
 
