@@ -207,6 +207,27 @@ def test_the_initiator_keeps_its_own_buffers_off_the_network(nshosts: MakeHosts)
     assert "reachable from other hosts" not in done.stderr
 
 
+#: Bytes the target's host receives once a sweep is under way: well past a connection's
+#: handshake and the warmup batches of 8 x 64 KiB.
+SWEEP_STARTED_BYTES = 32 << 20
+
+
+def _bytes_received(host: Host) -> int:
+    """Bytes ``host``'s ``eth0`` received so far (its counters, read from outside)."""
+    done = subprocess.run(["ip", "-n", host.netns, "-j", "-s", "link", "show", "eth0"],
+                          capture_output=True, text=True, check=True, timeout=10)
+    return int(json.loads(done.stdout)[0]["stats64"]["rx"]["bytes"])
+
+
+def _wait_for_bytes(host: Host, initiator: subprocess.Popen[bytes], count: int,
+                    timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _bytes_received(host) < count:
+        assert initiator.poll() is None, "the initiator ended before its sweep was under way"
+        assert time.monotonic() < deadline, "the sweep's bytes never reached the target"
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("token", [None, TOKEN], ids=["no-token", "token"])
 def test_a_target_killed_mid_sweep_is_named_in_the_failed_rows(nshosts: MakeHosts,
                                                                token: str | None) -> None:
@@ -216,9 +237,13 @@ def test_a_target_killed_mid_sweep_is_named_in_the_failed_rows(nshosts: MakeHost
     net = nshosts(2)
     env = {"KVCTL_TOKEN": token} if token else None
     proc, info = _target(net[0], "--block-size", "64KiB", "--batch-size", "8", env=env)
+    start = _bytes_received(net[0])
     initiator = net[1].popen([*shlex.split(info["initiator"]), "--duration", "3s",
                               "--op", "write", "--json"], env=env)
-    time.sleep(1.5)
+    # Kill it once the sweep's WRITEs are flowing, past the connection (and the token's
+    # handshake) and the warmup: a fixed 1.5 s came before the authenticated sweep had
+    # started on a loaded machine, and the initiator printed no JSON.
+    _wait_for_bytes(net[0], initiator, start + SWEEP_STARTED_BYTES)
     proc.kill()
     proc.wait(timeout=10)
     out, err = initiator.communicate(timeout=120)
