@@ -4,7 +4,8 @@ As published with the FAST'25 paper (github.com/kvcache-ai/Mooncake, ``FAST25-re
 traces/``) and replayed by NVIDIA Dynamo's data generator and aiperf: one request a line,
 ``timestamp`` in milliseconds, ``hash_ids`` one id per 512-token block, prefix-chained
 (equal ids at the same position mean an equal prefix). ``output_length`` may be absent (then
-0); other keys are ignored. A file ending in ``.gz`` is read through gzip.
+0); other keys are ignored. A gzip file (by its magic bytes, whatever its name) is read
+through gzip.
 """
 
 from __future__ import annotations

@@ -139,16 +139,29 @@ def trace_format(name: str) -> TraceFormat:
                          f"give --format one of: {', '.join(sorted(_FORMATS))}") from None
 
 
+#: The first bytes of every gzip file.
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def open_trace(path: Path) -> io.BufferedIOBase:
-    """``path`` opened for binary reading, decompressed when it ends in ``.gz``.
+    """``path`` opened for binary reading, decompressed when it is gzip: when it starts with
+    gzip's magic bytes, whatever its name (a ``.gz`` name on a plain file reads it plain, and
+    a compressed file named ``.jsonl`` is still decompressed).
 
     Raises:
         UsageError: the file cannot be opened.
     """
     try:
-        if path.suffix == ".gz":
-            return gzip.open(path, "rb")
-        return path.open("rb")
+        stream = path.open("rb")
+        try:
+            head = stream.peek(len(GZIP_MAGIC))[:len(GZIP_MAGIC)]
+        except BaseException:
+            stream.close()
+            raise
+        if head != GZIP_MAGIC:
+            return stream
+        stream.close()
+        return gzip.open(path, "rb")
     except OSError as exc:
         raise UsageError(f"cannot read trace {path}: {exc.strerror or exc}",
                          "give the path of a readable trace file") from exc

@@ -128,3 +128,17 @@ def test_a_million_instances_is_refused_before_the_replay(kvctl: Kvctl, tmp_path
                "0", "--routing", "round-robin", "--json")
     assert ok.exit_code == 0, ok.stderr
     assert len(ok.json()["results"][-1]["per_instance"]) == 10_000
+
+
+@pytest.mark.parametrize(("name", "compress"), [
+    ("t.jsonl", True),    # compressed, named plain: was "line 1: not a JSON object"
+    ("t.gz", False),      # plain, named .gz: was "cannot read: Not a gzipped file"
+    ("t.jsonl.gz", True), ("t.jsonl", False),
+])
+def test_gzip_is_known_by_its_bytes_not_its_name(kvctl: Kvctl, tmp_path: Path, name: str,
+                                                 compress: bool) -> None:
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(_rows(5)) if compress else _rows(5))
+    r = kvctl("sim", "trace", str(path), "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["requests"] == 5
