@@ -10,6 +10,7 @@ through gzip.
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,7 +41,8 @@ class _Record(msgspec.Struct):
                 "(512 tokens per id); .gz too",
 )
 def read_mooncake(path: Path) -> Iterator[TraceRequest]:
-    """The requests of a Mooncake JSONL trace, in file order (blank lines are skipped).
+    """The requests of a Mooncake JSONL trace, in file order (blank lines are skipped, and a
+    UTF-8 byte-order mark at the start).
 
     Raises:
         TraceInputError: a line is not JSON, misses a field, has a field of the wrong type or
@@ -49,6 +51,8 @@ def read_mooncake(path: Path) -> Iterator[TraceRequest]:
     decode = msgspec.json.Decoder(_Record).decode
     with open_trace(path) as stream:
         for number, data in bounded_lines(stream, path):
+            if number == 1 and data.startswith(codecs.BOM_UTF8):  # as Windows tools write
+                data = data[len(codecs.BOM_UTF8):]
             try:
                 record = decode(data)
             except msgspec.DecodeError as exc:

@@ -142,3 +142,13 @@ def test_gzip_is_known_by_its_bytes_not_its_name(kvctl: Kvctl, tmp_path: Path, n
     r = kvctl("sim", "trace", str(path), "--json")
     assert r.exit_code == 0, r.stderr
     assert r.json()["requests"] == 5
+
+
+def test_a_byte_order_mark_is_skipped(kvctl: Kvctl, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + _rows(3).replace(b"\n", b"\r\n"))  # as Notepad saves
+    r = kvctl("sim", "trace", str(path), "--json")
+    assert r.exit_code == 0, r.stderr  # was "line 1: not a JSON object (invalid character)"
+    assert r.json()["requests"] == 3
+    path.write_bytes(_rows(1) + b"\xef\xbb\xbf" + _rows(1))  # only the file's start is one
+    _refused(kvctl("sim", "trace", str(path)), f"{path} line 2: not a JSON object")
