@@ -13,8 +13,8 @@ docs/traffic.md:
 4. The *ideal* is one cache of unbounded size that sees every request.
 
 Every configuration is replayed in one pass over the file: memory grows with the caches'
-state (and one count per distinct id), never with the trace. The caches here are
-:class:`_IdLru`, an LRU over ``int`` ids on one ``OrderedDict``: the same eviction order as
+state and one count per distinct id (the ideal's and the reuse table's), never with the
+number of requests. The caches here are :class:`_IdLru`, an LRU over ``int`` ids on one ``OrderedDict``: the same eviction order as
 :class:`kvctl.cache.LruCache` (a test checks the two agree), several times faster per id.
 """
 

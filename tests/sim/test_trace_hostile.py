@@ -152,3 +152,31 @@ def test_a_byte_order_mark_is_skipped(kvctl: Kvctl, tmp_path: Path) -> None:
     assert r.json()["requests"] == 3
     path.write_bytes(_rows(1) + b"\xef\xbb\xbf" + _rows(1))  # only the file's start is one
     _refused(kvctl("sim", "trace", str(path)), f"{path} line 2: not a JSON object")
+
+
+def _peak_bytes(path: Path) -> int:
+    import tracemalloc
+
+    from kvctl.sim.trace import TraceConfig, replay_trace
+
+    tracemalloc.start()
+    try:
+        replay_trace(path, [TraceConfig(0)], block_tokens=1)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_grows_with_distinct_ids_not_with_requests(tmp_path: Path) -> None:
+    """docs/traffic.md "Scale": not with the requests; one count per distinct id."""
+    def trace(name: str, ids: Callable[[int], list[int]]) -> Path:
+        path = tmp_path / name
+        path.write_text("".join(
+            f'{{"timestamp": {i}, "input_length": 10, "hash_ids": {ids(i)}}}\n'
+            for i in range(20_000)))
+        return path
+
+    same = _peak_bytes(trace("same.jsonl", lambda i: list(range(10))))
+    new = _peak_bytes(trace("new.jsonl", lambda i: list(range(10 * i, 10 * i + 10))))
+    assert same < 4 * 2**20                      # 200,000 uses of 10 ids: no growth
+    assert new / 200_000 < 200                   # bytes per distinct id (~70 in RSS)
