@@ -14,8 +14,9 @@ docs/traffic.md:
 
 Every configuration is replayed in one pass over the file: memory grows with the caches'
 state and one count per distinct id (the ideal's and the reuse table's), never with the
-number of requests. The caches here are :class:`_IdLru`, an LRU over ``int`` ids on one ``OrderedDict``: the same eviction order as
-:class:`kvctl.cache.LruCache` (a test checks the two agree), several times faster per id.
+number of requests. The caches here are :class:`_IdLru`, an LRU over ``int`` ids on one
+``OrderedDict``: the same eviction order as :class:`kvctl.cache.LruCache` (a test checks the
+two agree), several times faster per id.
 """
 
 from __future__ import annotations
