@@ -285,7 +285,8 @@ class _Run:
     def note_missing(self, host: str, index: int, at: float | None = None) -> None:
         if host not in self.missing:
             self.missing[host] = MissingHost(host, at or now(), index)
-            _log.warning("host %s vanished (round %d)", host, index + 1)
+            _log.warning("host %s vanished in round %d of %d (round_index %d in --json)",
+                         host, index + 1, len(self.schedule.rounds), index)
             self.event(index, f"{host} vanished: its pairs are skipped")
 
     def run(self) -> None:

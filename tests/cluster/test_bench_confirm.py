@@ -64,3 +64,33 @@ def test_a_nic_no_pair_reaches_is_named_without_waiting_out_the_leases(
     hint = bench_hint(report)
     assert hint.startswith("check the named host's link, NIC and cable"), hint
     assert "kvctl agent" not in hint
+
+
+def test_the_vanished_warning_names_the_round_as_the_json_does(
+        service: Counting, caplog: pytest.LogCaptureFixture) -> None:
+    """The warning said "vanished (round 4)" where the JSON said ``round_index: 3``."""
+    import logging
+    import time
+
+    handlers = {TARGET: fake_target, BENCH: fake_bench({})}
+    started = [Agent(service, record(f"h{i}", 1.0), handlers=handlers).start()
+               for i in range(4)]
+    victim = started[3]
+    assert victim._keeper is not None  # stop renewing without revoking: as if it died
+    victim._keeper._stop.set()
+    victim._keeper._wake.set()
+    victim._stop.set()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kvctl.cluster"), Coordinator(
+                service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            time.sleep(0.01)
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP, schedule="rounds"))
+    finally:
+        for a in started[:3]:
+            a.close()
+    (missing,) = report.missing
+    rounds = len(report.schedule.rounds)
+    said = [r.getMessage() for r in caplog.records if "vanished" in r.getMessage()]
+    assert said == [f"host h3 vanished in round {missing.round_index + 1} of {rounds} "
+                    f"(round_index {missing.round_index} in --json)"], said
