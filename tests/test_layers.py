@@ -67,10 +67,6 @@ class Rule:
 
 #: ``(rule name, importing module, imported module)`` that break a rule today, and why.
 KNOWN: dict[tuple[str, str, str], str] = {
-    ("the store's client and node sides never import the master", "kvctl.store.rpc",
-     "kvctl.store.master.election"):
-        "the client reads the leader key through the master's election module "
-        "(read_leader); it moves with the store's client/node regroup",
     ("store/bench/keys/sim/doctor/plan/top/help import no floor above theirs",
      "kvctl.keys.watch.session", "kvctl.output"):
         "verify-keys watch takes check_entry from the CLI's rendering module",

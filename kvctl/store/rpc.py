@@ -388,7 +388,7 @@ class MasterSet:
         """Read the leader from etcd into :attr:`addresses`; why there is none, or
         ``None``."""
         from kvctl.metadata import MetadataError
-        from kvctl.store.master.election import read_leader
+        from kvctl.store.leader import read_leader
 
         assert self._etcd is not None
         url, cluster = self._etcd

@@ -25,7 +25,8 @@ import pytest
 from kvctl.metadata import open_metadata
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreUnavailableError
-from kvctl.store.master.election import Election, leader_key, read_leader
+from kvctl.store.leader import leader_key, read_leader
+from kvctl.store.master.election import Election
 from kvctl.store.state import MetadataState, NodeRecord, ObjectRecord, ReplicaRecord
 from kvctl.store.state.writebehind import read_state
 from tests.fixtures.servers import ServerProcess, free_port

@@ -21,7 +21,7 @@ import pytest
 
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import StoreUnavailableError
-from kvctl.store.master.election import read_leader
+from kvctl.store.leader import read_leader
 from tests.fixtures.servers import ServerProcess, free_port
 from tests.reliability.conftest import ROOT, wait_for
 from tests.reliability.test_ha import TTL_S, Proc, procs  # noqa: F401  (a fixture)

@@ -2,7 +2,7 @@
 
 Every master started with the same etcd URL and cluster id campaigns for one key,
 ``kvctl/[<cluster>/]store/leader``, whose value names the leader (its advertised address,
-host and pid):
+host and pid; :mod:`kvctl.store.leader` has the key, its value and how clients read it):
 
 - **Claim**: a lease of ``ttl_s`` is granted, then one transaction puts the key under that
   lease only if it is absent (etcd compare ``create_revision == 0``), and puts
@@ -38,21 +38,19 @@ host and pid):
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from kvctl.errors import UsageError
 from kvctl.metadata import MetadataError, key_prefix, open_metadata
 from kvctl.metadata.base import LeaseExpiredError, LeaseId
 from kvctl.metadata.etcd import EtcdMetadata
+from kvctl.store.leader import LeaderInfo, leader_key, this_host
 from kvctl.transfer.shmfiles import pid_alive
 
 _log = logging.getLogger("kvctl.store.master")
@@ -60,77 +58,8 @@ _log = logging.getLogger("kvctl.store.master")
 #: Default lease of the leader key, seconds: a dead leader is replaced about this long
 #: after its last renewal.
 DEFAULT_TTL_S = 5.0
-#: The leader key under the cluster's prefix.
-LEADER_KEY = "store/leader"
 #: The key whose mod revision is the current term (written by every claim, no lease).
 TERM_KEY = "store/term"
-
-
-def leader_key(cluster_id: str = "") -> str:
-    """The etcd key the masters of ``cluster_id`` campaign for."""
-    return key_prefix(cluster_id) + LEADER_KEY
-
-
-def this_host() -> str:
-    """Names this host and pid namespace (a pid means the same process only within it)."""
-    boot = pidns = ""
-    with contextlib.suppress(OSError):
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip()
-    with contextlib.suppress(OSError):
-        pidns = str(Path("/proc/self/ns/pid").stat().st_ino)
-    return f"{socket.gethostname()}/{boot}/{pidns}"
-
-
-@dataclasses.dataclass(frozen=True)
-class LeaderInfo:
-    """The leader as its key names it.
-
-    Attributes:
-        address: ``host:port`` clients and nodes reach it at.
-        term: its term (the revision of its claim).
-        host: :func:`this_host` of the leader.
-        pid: the leader's process id.
-        run: a random name of the leader's run.
-    """
-
-    address: str
-    term: int
-    host: str = ""
-    pid: int = 0
-    run: str = ""
-
-    @classmethod
-    def parse(cls, raw: bytes, term: int) -> LeaderInfo | None:
-        """The leader a key value names (``term``: the key's mod revision, the term unless
-        the value names one), or ``None`` for a value kvctl did not write."""
-        try:
-            data = json.loads(raw)
-            return cls(str(data["address"]), int(data.get("term", term)),
-                       str(data.get("host", "")), int(data.get("pid", 0)),
-                       str(data.get("run", "")))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return None
-
-    def describe(self) -> str:
-        return f"{self.address} (term {self.term}, pid {self.pid})"
-
-
-def read_leader(url: str, *, cluster_id: str = "", token: str | None = None,
-                timeout_s: float = 2.0) -> LeaderInfo | None:
-    """The current leader of ``cluster_id``'s masters on etcd ``url`` (``None``: none).
-
-    Raises:
-        MetadataError: etcd cannot be reached.
-    """
-    client = open_metadata(url, token=token, timeout_s=timeout_s)
-    try:
-        if not isinstance(client, EtcdMetadata):
-            raise UsageError(f"{url} is not etcd: masters elect a leader only on etcd",
-                             "use an etcd:// URL")
-        entry = client.get_entry(leader_key(cluster_id))
-    finally:
-        client.close()
-    return None if entry is None else LeaderInfo.parse(*entry)
 
 
 class Election:
