@@ -139,6 +139,20 @@ def trace_format(name: str) -> TraceFormat:
                          f"give --format one of: {', '.join(sorted(_FORMATS))}") from None
 
 
+class _GzipTrace(gzip.GzipFile):
+    """gzip over an open binary stream, closing the stream with it."""
+
+    def __init__(self, raw: io.BufferedReader) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
+
+
 #: The first bytes of every gzip file.
 GZIP_MAGIC = b"\x1f\x8b"
 
@@ -160,8 +174,7 @@ def open_trace(path: Path) -> io.BufferedIOBase:
             raise
         if head != GZIP_MAGIC:
             return stream
-        stream.close()
-        return gzip.open(path, "rb")
+        return _GzipTrace(stream)  # on the stream already open: a pipe cannot be reopened
     except OSError as exc:
         raise UsageError(f"cannot read trace {path}: {exc.strerror or exc}",
                          "give the path of a readable trace file") from exc

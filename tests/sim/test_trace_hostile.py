@@ -180,3 +180,27 @@ def test_memory_grows_with_distinct_ids_not_with_requests(tmp_path: Path) -> Non
     new = _peak_bytes(trace("new.jsonl", lambda i: list(range(10 * i, 10 * i + 10))))
     assert same < 4 * 2**20                      # 200,000 uses of 10 ids: no growth
     assert new / 200_000 < 200                   # bytes per distinct id (~70 in RSS)
+
+
+@pytest.mark.timeout(60)  # a reopen would block on the FIFO forever
+@pytest.mark.parametrize("compress", [True, False])
+def test_a_trace_through_a_pipe_gz_or_not(kvctl: Kvctl, tmp_path: Path, compress: bool) -> None:
+    """Sniffing gzip must not reopen the file: a FIFO (or /dev/stdin) cannot be read twice."""
+    import os
+    import threading
+
+    fifo = tmp_path / "t.fifo"
+    os.mkfifo(fifo)
+    data = gzip.compress(_rows(7)) if compress else _rows(7)
+
+    def feed() -> None:
+        with fifo.open("wb") as w:
+            w.write(data)
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    r = kvctl("sim", "trace", str(fifo), "--json")
+    writer.join(timeout=10)
+    assert not writer.is_alive()
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["requests"] == 7
