@@ -21,7 +21,9 @@ The agent
    hint;
 4. stops a job whose key is gone (the client deleted it, or the client died and its lease
    took its jobs), or whose run record is gone or expired (checked every
-   :data:`RUN_CHECK_S` while jobs run), and deletes the job's status once it has stopped.
+   :data:`RUN_CHECK_S` once the job's key was written again, since a key can only outlive
+   its run's lease that way, and every :data:`RUN_SWEEP_S` otherwise), and deletes the
+   job's status once it has stopped.
 
 Handlers are passed in, so a simulated cluster (tests, the planner's check) runs the real
 protocol with stand-in work.
@@ -73,8 +75,13 @@ _log = logging.getLogger("kvctl.cluster")
 CLOSE_WAIT_S = 20.0
 #: Most jobs running at once on one agent (more wait their turn).
 MAX_RUNNING = 16
-#: Seconds between checks that the runs of running jobs are still live.
+#: Seconds between checks that the run of a running job is still live, once its key was
+#: written again (re-put, or overwritten: the only ways a job's key outlives its run's lease).
 RUN_CHECK_S = 1.0
+#: Seconds between those checks for the other running jobs (a run that stopped renewing,
+#: a service that cannot show a re-put): one read per run, so a large cluster's agents
+#: add little to the metadata service's load.
+RUN_SWEEP_S = 30.0
 #: Seconds between two log lines about dropped jobs (the others are counted in the next).
 DROP_LOG_S = 10.0
 #: Most started jobs remembered by value, so that a copy of one is never started again.
@@ -153,6 +160,8 @@ class _Running:
     def __init__(self, job: Job, thread: threading.Thread, cancelled: threading.Event) -> None:
         self.job = job
         self.stopped_why: str | None = None
+        self.rewritten = False  # its key was written again while it ran
+        self.checked_at = time.monotonic()
         self.thread = thread
         self.cancelled = cancelled
         self.status_key: str | None = None
@@ -370,10 +379,13 @@ class Agent:
                 continue
             mark = fingerprint(value)
             with self._lock:
+                running = self._running.get(job_id)
+                if running is not None:  # a write at a running job's key: check its run often
+                    running.rewritten = True
                 if self._seen.get(job_id) == mark:
                     continue  # this very value was judged already
                 self._seen[job_id] = mark
-                handled = job_id in self._running or job_id in self._done
+                handled = running is not None or job_id in self._done
             if handled:  # another value at the key of a job that ran: a forgery or a copy
                 self._drop(key, "it replaces a job this agent already took")
             else:
@@ -491,15 +503,18 @@ class Agent:
             self._done[job_id] = status_key
 
     def _check_runs(self) -> None:
-        """Stop running jobs whose run is no longer live (at most every RUN_CHECK_S)."""
+        """Stop running jobs whose run is no longer live: every RUN_CHECK_S those whose key
+        was written again, every RUN_SWEEP_S the others."""
         at = time.monotonic()
         if at - self._run_checked < RUN_CHECK_S:
             return
         self._run_checked = at
         with self._lock:
-            running = [r for r in self._running.values() if not r.cancelled.is_set()]
+            running = [r for r in self._running.values() if not r.cancelled.is_set()
+                       and (r.rewritten or at - r.checked_at >= RUN_SWEEP_S)]
         records: dict[str, RunRecord | None] = {}
         for r in running:
+            r.checked_at = at
             run_id = r.job.run_id
             if run_id not in records:
                 try:
