@@ -466,9 +466,13 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
         view.add_column(name, justify="left" if name == "configuration" else "right")
     for row in cost.rows:
         view.add_row(row.label, _opt(row.gpu_seconds_no_cache), _opt(row.gpu_seconds_saved),
-                     f"{row.pool_readback_gbytes_per_s:.3g}",
+                     "-" if row.pool_readback_gbytes_per_s is None
+                     else f"{row.pool_readback_gbytes_per_s:.3g}",
                      "-" if row.busiest_nic_share is None else _share(row.busiest_nic_share))
     out.print(view)
+    if cost.duration_s <= 0 and any(r.pool_readback_gbytes_per_s is None for r in cost.rows):
+        out.print("Note: the trace lasts 0 s (every timestamp equal), so its pool reads have "
+                  "no rate: pool GB/s and busiest NIC are '-'.")
     out.print(f"GPU-s: prefill seconds over the trace ({cost.duration_s:,.0f} s long), summed "
               "over instances; pool GB/s: mean read-back rate of the pool hits at the trace's "
               "arrival rate (GB/s = 10^9 bytes/s); busiest NIC: the highest instance's mean "

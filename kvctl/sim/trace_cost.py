@@ -27,11 +27,14 @@ from kvctl.sim.trace import TraceReplay, TraceResult
 
 @dataclasses.dataclass(frozen=True)
 class InstanceCost:
-    """One instance: GPU-seconds its hits saved, mean read-back GB/s (decimal), NIC share."""
+    """One instance: GPU-seconds its hits saved, mean read-back GB/s (decimal), NIC share.
+
+    ``readback_gbytes_per_s`` is ``None`` when the trace lasts 0 s and something was read
+    back: bytes in no time have no rate (0 would say the NIC is idle)."""
 
     index: int
     gpu_seconds_saved: float | None
-    readback_gbytes_per_s: float
+    readback_gbytes_per_s: float | None
     nic_share: float | None
 
 
@@ -42,14 +45,16 @@ class ResultCost:
     Attributes:
         gpu_seconds_no_cache: prefilling every input token, summed over instances.
         gpu_seconds_saved: the hits' tokens at the prefill rate.
-        pool_readback_gbytes_per_s: the pool's mean egress over the trace, GB/s.
-        busiest_nic_share: the largest per-instance NIC share (``None``: no NIC rate).
+        pool_readback_gbytes_per_s: the pool's mean egress over the trace, GB/s (``None``:
+            pool hits in a trace that lasts 0 s, which have no rate).
+        busiest_nic_share: the largest per-instance NIC share (``None``: no NIC rate, or
+            no read-back rate).
     """
 
     label: str
     gpu_seconds_no_cache: float | None
     gpu_seconds_saved: float | None
-    pool_readback_gbytes_per_s: float
+    pool_readback_gbytes_per_s: float | None
     busiest_nic_share: float | None
     per_instance: list[InstanceCost]
 
@@ -70,8 +75,10 @@ class TraceCost:
 
 def _row(result: TraceResult, *, kvb: int, tps: float | None, nic: float | None,
          duration_s: float) -> ResultCost:
-    def gbps(tokens: int) -> float:
-        return tokens * kvb / duration_s / 1e9 if duration_s > 0 else 0.0
+    def gbps(tokens: int) -> float | None:
+        if duration_s > 0:
+            return tokens * kvb / duration_s / 1e9
+        return 0.0 if tokens == 0 else None  # bytes in no time: no rate
 
     per = []
     for inst in result.per_instance:
@@ -79,9 +86,11 @@ def _row(result: TraceResult, *, kvb: int, tps: float | None, nic: float | None,
         per.append(InstanceCost(
             inst.index,
             None if tps is None else (inst.local_hit_tokens + inst.pool_hit_tokens) / tps,
-            rate, None if nic is None else rate / nic,
+            rate, None if nic is None or rate is None else rate / nic,
         ))
     shares = [p.nic_share for p in per if p.nic_share is not None]
+    if len(shares) < len(per):  # no NIC rate, or a rate that does not exist
+        shares = []
     hits = result.local_hit_tokens + result.pool_hit_tokens
     return ResultCost(
         label=result.label,

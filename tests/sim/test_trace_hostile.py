@@ -204,3 +204,26 @@ def test_a_trace_through_a_pipe_gz_or_not(kvctl: Kvctl, tmp_path: Path, compress
     assert not writer.is_alive()
     assert r.exit_code == 0, r.stderr
     assert r.json()["requests"] == 7
+
+
+def test_reads_in_a_trace_of_no_duration_have_no_rate(kvctl: Kvctl, tmp_path: Path) -> None:
+    from tests.fixtures.schemas import validate_document
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 5, "input_length": 1000, "hash_ids": [1, 2]}\n' * 2)
+    flags = ["--model", "llama-3-70b", "--prefill-tps", "1000", "--nic-gbytes-per-s", "50",
+             "--instances", "2", "--routing", "round-robin", "--capacity-tokens", "0",
+             "--pool-tokens", "1M"]
+    r = kvctl("sim", "trace", str(path), *flags, "--json")
+    assert r.exit_code == 0, r.stderr
+    doc = r.json()
+    assert validate_document(doc) == "sim.trace"
+    pooled = doc["cost"]["rows"][-1]
+    assert doc["results"][-1]["pool_hit_tokens"] == 1000  # 320 MiB read back in 0 s
+    assert pooled["pool_readback_gbytes_per_s"] is None   # was 0.0: "the NIC is idle"
+    assert pooled["busiest_nic_share"] is None
+    assert [p["readback_gbytes_per_s"] for p in pooled["per_instance"]] == [0.0, None]
+    assert doc["cost"]["rows"][0]["pool_readback_gbytes_per_s"] == 0.0  # nothing read: 0
+    table = kvctl("sim", "trace", str(path), *flags)
+    assert table.exit_code == 0, table.stderr
+    assert "lasts 0 s" in table.stdout
