@@ -413,12 +413,13 @@ class StoreClient:
         """Split a batch so each chunk fits in half the staging buffer and its keys (sent
         and answered with slots) in a quarter of a master frame."""
         limit = max(1, self._data.staging.capacity_bytes // 2)
+        key_limit = min(KEY_CHUNK_BYTES // 2, self._frame_budget())  # (the master's frames)
         chunks: list[tuple[int, int]] = []
         start, total, key_total = 0, 0, 0
         for i, size in enumerate(sizes):
             key_bytes = len(keys[i]) * 4 + 64
             if i > start and (total + size > limit or i - start >= p.MAX_BATCH
-                              or key_total + key_bytes > KEY_CHUNK_BYTES // 2):
+                              or key_total + key_bytes > key_limit):
                 chunks.append((start, i))
                 start, total, key_total = i, 0, 0
             total += size
@@ -954,7 +955,7 @@ class StoreClient:
     def batch_exists(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key is stored (split into requests that fit the master's limits)."""
         out: list[bool] = []
-        for chunk in _key_chunks(self._wire(keys)):
+        for chunk in _key_chunks(self._wire(keys), self._frame_budget() * 2):
             out.extend(self._expect(self._call(p.Exists(keys=chunk)), p.Bools).values)
         return out
 
@@ -973,7 +974,7 @@ class StoreClient:
         if mine:
             self._flush_releases()
         out: list[bool] = []
-        for chunk in _key_chunks(wire):
+        for chunk in _key_chunks(wire, self._frame_budget() * 2):
             out.extend(self._expect(self._call(p.Remove(keys=chunk)), p.Bools).values)
         return out
 
@@ -1036,14 +1037,14 @@ def _odd_key(key: str) -> BadRequestError | None:
     return None if bad is None else BadRequestError(bad.cause, bad.hint or None)
 
 
-def _key_chunks(keys: list[str]) -> list[list[str]]:
-    """``keys`` cut into requests of at most MAX_BATCH keys and KEY_CHUNK_BYTES of keys."""
+def _key_chunks(keys: list[str], budget: int = KEY_CHUNK_BYTES) -> list[list[str]]:
+    """``keys`` cut into requests of at most MAX_BATCH keys and ``budget`` bytes of keys."""
     chunks: list[list[str]] = []
     current: list[str] = []
     size = 0
     for key in keys:
         length = len(key.encode("utf-8", "surrogatepass"))
-        if current and (len(current) >= p.MAX_BATCH or size + length > KEY_CHUNK_BYTES):
+        if current and (len(current) >= p.MAX_BATCH or size + length > budget):
             chunks.append(current)
             current, size = [], 0
         current.append(key)

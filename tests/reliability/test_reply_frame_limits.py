@@ -157,3 +157,41 @@ def test_keys_left_out_of_a_full_reply_are_asked_again(store: str,
         _put_all(client, keys, 1024)
         got = client.batch_get(keys)
     assert got == [bytes([i % 251]) * 1024 for i in range(len(keys))]
+
+
+def test_a_master_with_smaller_frames_gets_requests_that_fit() -> None:
+    from kvctl.store.master import MasterConfig, MasterCore
+    from kvctl.store.node import StorageNode
+    from kvctl.store.server import MasterServer
+
+    server = MasterServer(MasterCore(MasterConfig()), max_frame_bytes=1 << 20)
+    node = StorageNode(server.address, node_id="small-frames", capacity_bytes=16 << 20)
+    try:
+        keys = _long_keys("small", 600)  # 2.4 MB of keys against 1 MiB frames
+        with StoreClient(server.address) as client:
+            assert client.batch_put([(k, b"v") for k in keys]) == [None] * len(keys)
+            assert client.batch_get(keys) == [b"v"] * len(keys)
+            assert client.batch_exists(keys) == [True] * len(keys)
+            assert client.batch_remove(keys) == [True] * len(keys)
+    finally:
+        node.close()
+        server.close()
+
+
+def test_a_heartbeat_hands_out_tasks_in_pieces_that_fit() -> None:
+    from collections import deque
+
+    from kvctl.store.master import liveness
+
+    tasks = deque(p.Task(task_id=i, op="persist", key=f"{i:05d}".ljust(p.MAX_KEY_BYTES, "t"),
+                         version=1, offset=0, size=1, checksum=0) for i in range(3000))
+    pieces = []
+    while tasks:
+        pieces.append(liveness._take_tasks(tasks, liveness.TASK_REPLY_BYTES))
+    assert sum(map(len, pieces)) == 3000
+    assert [t.task_id for piece in pieces for t in piece] == list(range(3000))  # in order
+    assert all(len(msgspec.msgpack.encode(p.Tasks(tasks=piece))) <= LIMIT // 2
+               for piece in pieces)  # (one piece of all 3,000 would be 12 MB)
+    one = deque([p.Task(task_id=0, op="pack", key="", version=1, offset=0, size=0, checksum=0,
+                        entries=[p.PackEntry("k" * 4096, 1, 0, 1, 0, 0)] * 4096)])
+    assert len(liveness._take_tasks(one, 1)) == 1  # at least one, however large

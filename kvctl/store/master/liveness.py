@@ -21,6 +21,7 @@ Rules (tests/store/test_liveness.py):
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 from kvctl.store import protocol as p
@@ -169,8 +170,7 @@ class LivenessMixin(MasterBase):
                                     timeout=min(msg.wait_s, 5.0))
                 if node.alive:
                     node.last_seen = self._observed()
-            tasks = list(node.tasks)
-            node.tasks.clear()
+            tasks = _take_tasks(node.tasks, TASK_REPLY_BYTES)
             for t in tasks:
                 node.inflight[t.task_id] = t
             return tasks
@@ -253,3 +253,25 @@ class LivenessMixin(MasterBase):
             return 0
         self._forget(obj, why, lost=True)
         return 1
+
+
+#: Task bytes one heartbeat answer carries at most (a quarter of a master frame: tasks name
+#: keys, up to 4 KiB each, and a pack task up to 4,096 of them); the rest go with the next.
+TASK_REPLY_BYTES = 1 << 20
+
+
+def _task_bytes(task: p.Task) -> int:
+    """About what ``task`` takes in a reply, bytes (keys at 4 bytes a character at most)."""
+    return 64 + 4 * (len(task.key) + len(task.path)) + sum(
+        48 + 4 * len(e.key) for e in task.entries)
+
+
+def _take_tasks(queue: deque[p.Task], budget: int) -> list[p.Task]:
+    """The oldest tasks of ``queue`` that fit ``budget`` bytes (at least one), taken off."""
+    out: list[p.Task] = []
+    while queue:
+        budget -= _task_bytes(queue[0])
+        if out and budget < 0:
+            break
+        out.append(queue.popleft())
+    return out
