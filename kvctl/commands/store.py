@@ -676,8 +676,8 @@ def status_headline(address: str, st: p.StoreStatus) -> str:
                  f"{plural(len(others), f'{states} node')} (no placements)")
     tiers = ", ".join(f"{k} {v}" for k, v in st.tiers.items())
     return (f"master {address}: {plural(st.objects, 'object')} (tiers {tiers}), "
-            f"{st.unreadable} unreadable now (only on suspect nodes: lost unless they come "
-            f"back), {st.lost} lost; {dram}; {plural(st.evictions, 'eviction')} "
+            f"{st.unreadable} unreadable now (every copy on a node not alive: lost unless "
+            f"it comes back), {st.lost} lost; {dram}; {plural(st.evictions, 'eviction')} "
             f"({st.ssd_evictions} from SSD); state {st.state}")
 
 

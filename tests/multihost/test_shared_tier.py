@@ -123,10 +123,25 @@ def test_an_object_outlives_its_node_and_the_master(nshosts: MakeHosts, dfs: Pat
     got = _get(h3, master, "kv/blk")
     assert got.returncode == 0, got.stderr
     assert (h3.tmp / "kv_blk.out").read_bytes() == value
-    shared = _status(h3, master)["shared"]
+    status = _status(h3, master)
+    shared = status["shared"]
     assert isinstance(shared, dict)
     assert shared["files"] >= 1
     assert shared["root"] == str(tier)
+    # kv/blk is only in the shared tier: counted there, and the tiers add up (issue 30: the
+    # tier-only objects were in no tier of the summary)
+    tiers = status["tiers"]
+    assert isinstance(tiers, dict)
+    assert tiers["shared"] >= 1, tiers
+    assert sum(tiers.values()) == status["objects"], (tiers, status["objects"])
+    # the SIGKILLed node's own objects (DRAM only, on it: restored, not back) are
+    # unreadable now, not "0 lost" and nowhere else
+    assert status["unreadable"] == tiers["dram"], (status["unreadable"], tiers)
+    assert status["lost"] == 0
+    text = h3.run(["kvctl", "store", "status", "--master", master], timeout=60)
+    assert f"shared {tiers['shared']})" in text.stdout, text.stdout
+    assert f"{status['unreadable']} unreadable now" in text.stdout, text.stdout
+    assert "on 0 alive nodes + " in text.stdout, text.stdout  # node-h1's DRAM, apart
 
     # Host 3 mounts the tier elsewhere (and sees nothing at the master's path): its map.
     elsewhere = Path(f"{dfs}-h3")
