@@ -85,7 +85,8 @@ class ReuseBucket:
 
     Attributes:
         ids: how many distinct ids; id_share: of all distinct ids.
-        uses: block uses of those ids (an id in n requests: n uses); use_share: of all uses.
+        uses: block uses of those ids (occurrences in ``hash_ids``: an id in n requests is
+            n uses, an id twice in one request 2); use_share: of all uses.
     """
 
     label: str

@@ -227,3 +227,15 @@ def test_reads_in_a_trace_of_no_duration_have_no_rate(kvctl: Kvctl, tmp_path: Pa
     table = kvctl("sim", "trace", str(path), *flags)
     assert table.exit_code == 0, table.stderr
     assert "lasts 0 s" in table.stdout
+
+
+def test_reuse_counts_occurrences_as_the_docs_say(kvctl: Kvctl, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1024, "hash_ids": [7, 7]}\n'
+                    '{"timestamp": 1, "input_length": 512, "hash_ids": [8]}\n')
+    doc = kvctl("sim", "trace", str(path), "--json").json()
+    reuse = {b["label"]: (b["ids"], b["uses"]) for b in doc["trace"]["reuse"]}
+    assert reuse["1"] == (1, 1)        # id 8
+    assert reuse["2-10"] == (1, 2)     # id 7: twice in one request
+    assert doc["trace"]["block_uses"] == 3
+    assert doc["ideal_hit_ratio"] == 0.0  # the repeat is no hit: not seen before the request
