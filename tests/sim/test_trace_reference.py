@@ -140,6 +140,22 @@ def test_json_agrees_with_the_reference_replay(kvctl: Kvctl, tmp_path: Path, cas
     assert doc["trace"]["ideal_hit_tokens"] == ideal(rows, block)
     assert doc["trace"]["input_tokens"] == sum(t for _, t, _ in rows)
     assert doc["trace"]["duration_s"] == pytest.approx((rows[-1][0] - rows[0][0]) / 1000)
+    seen: set[int] = set()
+    occurs: collections.Counter[int] = collections.Counter()
+    again = 0
+    for _, _, ids in rows:
+        for key in ids:
+            again += key in seen
+            seen.add(key)
+            occurs[key] += 1
+    uses = sum(occurs.values())
+    assert doc["trace"]["distinct_ids"] == len(occurs)
+    assert doc["trace"]["block_uses"] == uses
+    assert doc["trace"]["any_position_id_ratio"] == pytest.approx(again / uses if uses else 0)
+    buckets = {b["label"]: (b["ids"], b["uses"]) for b in doc["trace"]["reuse"]}
+    for label, low, high in (("1", 1, 1), ("2-10", 2, 10), ("11-100", 11, 100)):
+        inside = [n for n in occurs.values() if low <= n <= high]
+        assert buckets[label] == (len(inside), sum(inside)), label
     want_rows = len(capacities) * (1 + (pool is not None and k == 1)
                                    + (3 * (1 + (pool is not None)) if k > 1 else 0))
     assert len(doc["results"]) == want_rows
