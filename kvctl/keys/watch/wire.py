@@ -127,24 +127,29 @@ _event = msgspec.msgpack.Decoder(Event)
 _any = msgspec.msgpack.Decoder()
 
 
+#: What decoding a hostile payload may raise: msgspec's errors, and RecursionError for one
+#: nested deeper than the interpreter's recursion limit (``[[[[...]]]]`` in an event).
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+
+
 def decode_payload(payload: bytes) -> Batch | BadFrame:
     """A payload as a :class:`Batch`, or :class:`BadFrame` when it is not one."""
     try:
         b = _batch.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except _DECODE_ERRORS:
         pass
     else:
         return Batch(b.ts, b.events, b.rank)
     try:
         raw = _raw_batch.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except _DECODE_ERRORS as exc:
         return BadFrame(f"payload is not a KV-event batch ([ts, events, rank]): {exc}")
     events: list[Event] = []
     unknown: list[UnknownEvent] = []
     for item in raw.events:
         try:
             events.append(_event.decode(item))
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except _DECODE_ERRORS as exc:
             unknown.append(_unknown(item, str(exc)))
     return Batch(raw.ts, events, raw.rank, tuple(unknown))
 
@@ -152,7 +157,7 @@ def decode_payload(payload: bytes) -> Batch | BadFrame:
 def _unknown(item: msgspec.Raw, problem: str) -> UnknownEvent:
     try:
         value = _any.decode(item)
-    except msgspec.DecodeError:
+    except _DECODE_ERRORS:
         value = None
     tag = value.get("type") if isinstance(value, dict) else None
     if isinstance(tag, str) and tag not in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
