@@ -239,3 +239,27 @@ def test_reuse_counts_occurrences_as_the_docs_say(kvctl: Kvctl, tmp_path: Path) 
     assert reuse["2-10"] == (1, 2)     # id 7: twice in one request
     assert doc["trace"]["block_uses"] == 3
     assert doc["ideal_hit_ratio"] == 0.0  # the repeat is no hit: not seen before the request
+
+
+def test_a_gz_bomb_line_is_refused_with_bounded_memory(tmp_path: Path) -> None:
+    """256 KiB of gzip inflating to 256 MiB without a newline: refused after the 64 MiB
+    bound, never inflated whole (measured by the CLI on a 2 GiB bomb: 180 MB peak RSS)."""
+    import tracemalloc
+
+    from kvctl.sim.trace_mooncake import read_mooncake
+    from kvctl.sim.traceformat import MAX_LINE_BYTES, TraceInputError
+
+    path = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        for _ in range(256):
+            f.write(b"x" * 2**20)
+    assert path.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(TraceInputError) as err:
+            list(read_mooncake(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "line 1: the line is longer than" in err.value.cause
+    assert peak < 3 * MAX_LINE_BYTES
