@@ -16,6 +16,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from kvctl.output import safe_cell
 from kvctl.top.view import TopView
 from kvctl.units import format_size
 
@@ -60,10 +61,10 @@ def _nodes(view: TopView, limit: int | None) -> Table:
         table.add_column(col)
     for n in shown:
         healthy = n.state.lower() in ("alive", "ok")
-        table.add_row(Text(n.name), Text(n.state, style="" if healthy else "bold red"),
+        table.add_row(safe_cell(n.name), safe_cell(n.state, style="" if healthy else "bold red"),
                       _use(n.dram_used_bytes, n.dram_capacity_bytes),
                       _use(n.ssd_used_bytes, n.ssd_capacity_bytes),
-                      "-" if n.objects is None else f"{n.objects:,}", Text(n.endpoint))
+                      "-" if n.objects is None else f"{n.objects:,}", safe_cell(n.endpoint))
     return table
 
 

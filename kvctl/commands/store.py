@@ -16,7 +16,7 @@ from rich.text import Text
 from kvctl.commands._common import JsonOpt, global_options, stop_on_signal, wait_until
 from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
-from kvctl.output import Output
+from kvctl.output import Output, safe_cell
 from kvctl.store import protocol as p
 from kvctl.store.client import StoreClient
 from kvctl.store.embedded import (
@@ -533,7 +533,8 @@ def ls(
     for col in ("key", "size", "tier", "replicas"):
         table.add_column(col, justify="right" if col == "size" else "left")
     for o in objects:
-        table.add_row(Text(o.key), format_size(o.size), o.tier, ", ".join(o.replicas))
+        table.add_row(safe_cell(o.key), format_size(o.size), o.tier,
+                      safe_cell(", ".join(o.replicas)))
     out.print(table)
 
 
@@ -631,17 +632,17 @@ def status(
         table.add_column(col, overflow="fold")  # a narrow terminal wraps, never cuts
     for n in st.nodes:
         state = n.state or ("alive" if n.alive else "down")
-        table.add_row(Text(n.node_id), Text(state, style="" if state == "alive" else
+        table.add_row(safe_cell(n.node_id), Text(state, style="" if state == "alive" else
                                             "bold red" if state == "dropped" else "yellow"),
                       f"{format_size(n.used_bytes)} / {format_size(n.capacity_bytes)}",
                       str(n.objects), n.ssd_policy,
                       f"{format_size(n.ssd_used_bytes)} / {format_size(n.ssd_capacity_bytes)}"
                       if n.ssd_policy != "off" else "-",
                       Text(n.ssd_state, style="bold red" if n.ssd_state == "full" else ""),
-                      n.endpoint, f"{n.last_heartbeat_s:.1f} s ago")
+                      safe_cell(n.endpoint), f"{n.last_heartbeat_s:.1f} s ago")
     for n in st.dropped:
-        table.add_row(Text(n.node_id), Text("dropped", style="bold red"), "-", "-", "-", "-",
-                      "-", Text(n.dropped_why), f"{n.last_heartbeat_s:.1f} s ago")
+        table.add_row(safe_cell(n.node_id), Text("dropped", style="bold red"), "-", "-", "-",
+                      "-", "-", safe_cell(n.dropped_why), f"{n.last_heartbeat_s:.1f} s ago")
     out.print(table)
     for n in st.nodes:
         if n.state == "suspect":
@@ -733,8 +734,9 @@ def _mooncake_status(ctx: typer.Context, master: str | None, metrics: str | None
         table.add_column(col, justify="right" if col in ("used", "capacity", "use") else "left")
     for seg in st.segments:
         use = f"{seg.used_bytes / seg.capacity_bytes:.0%}" if seg.capacity_bytes else "-"
-        table.add_row(Text(seg.name), seg.status, format_size(seg.used_bytes),
-                      format_size(seg.capacity_bytes), use, seg.protocol, Text(seg.endpoint))
+        table.add_row(safe_cell(seg.name), safe_cell(seg.status), format_size(seg.used_bytes),
+                      format_size(seg.capacity_bytes), use, safe_cell(seg.protocol),
+                      safe_cell(seg.endpoint))
     out.print(table)
     if not st.segments or st.capacity_bytes <= 0:
         out.warn(f"the master at {address} has no storage mounted: start a mooncake storage "
@@ -915,5 +917,5 @@ def _render_smoke(out: Output, report: SmokeReport, json_: bool) -> None:
         for col in ("segment", "endpoint", "objects"):
             seg_table.add_column(col, justify="right" if col == "objects" else "left")
         for seg in report.segments:
-            seg_table.add_row(Text(seg.name), Text(seg.endpoint), str(seg.objects))
+            seg_table.add_row(safe_cell(seg.name), safe_cell(seg.endpoint), str(seg.objects))
         out.print(seg_table)
