@@ -418,6 +418,8 @@ class Checker:
                         mine = block_fn(digest, block, entry, lora, salt)
                     except Unverifiable as exc:
                         reason = exc.reason
+                    except Exception as exc:  # noqa: BLE001 - a publisher's fields, never fatal
+                        reason = _unhashable(exc)
                 if mine is not None:
                     if (as_int(mine) if type(published) is int
                             else hasher.published(mine, published)) == published:
@@ -529,7 +531,7 @@ class Checker:
             try:
                 d = other.block(parent if parent is not None else None, block, entry,
                                 ev.lora_name, salt)
-            except Unverifiable:
+            except Exception:  # noqa: BLE001, S112 - Unverifiable, or fields no engine hashes
                 continue
             if parent is None and other.published(d, published) == published:
                 detail = ("the hash function differs" if setting == "profile" else
@@ -559,6 +561,8 @@ class Checker:
             mine = _show(self.hasher.published(d, published))
         except Unverifiable as exc:
             mine = exc.reason
+        except Exception as exc:  # noqa: BLE001 - a publisher's fields, never fatal
+            mine = _unhashable(exc)
         top = causes[0]
         self._find("mismatch", "error", inst,
                    f"{inst.name}: block hash {_show(published)} differs from the "
@@ -598,6 +602,14 @@ def _held_key(tier: str | None, group: int | None, h: BlockHash) -> Any:
     """Held blocks are told apart by tier and KV-cache group besides their hash (a hybrid
     model stores one hash per group; an offload stores it again on the CPU tier)."""
     return h if tier is None and not group else (tier, group or 0, h)
+
+
+def _unhashable(exc: Exception) -> str:
+    """Why a block whose fields the hash function rejects (tokens outside the engine's
+    range, extra keys nested past the recursion limit...) is not verifiable: one reason per
+    kind of failure, so the per-reason counters stay few."""
+    return (f"its fields cannot be hashed as the engine hashes them ({type(exc).__name__}): "
+            "not an engine's event")
 
 
 def _show(h: BlockHash) -> str:

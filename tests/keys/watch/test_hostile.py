@@ -78,3 +78,30 @@ def test_an_event_nested_past_the_recursion_limit_is_a_bad_event(
         _send_all(session, pub, [bomb, deep_top, _batch(_stored())])
         assert session.checker.stats("a").blocks_seen == 1  # the watch goes on
     assert [f.kind for f in found][:2] == ["bad-frame", "bad-frame"]
+
+
+def test_fields_the_hash_function_rejects_are_unverifiable_never_fatal(
+        zctx: Any, publishers: Publishers) -> None:
+    # SGLang hashes tokens as uint32: a negative one cannot be hashed (was a UsageError)
+    pub = publishers("s")
+    session, found = _watch(zctx, pub, SGLANG)
+    with session:
+        _send_all(session, pub, [_batch(_stored(token_ids=[-5] * 16))])
+        s = session.checker.stats("a")
+        assert (s.blocks_seen, s.mismatched) == (1, 0)
+        assert list(s.unverifiable) == [
+            "its fields cannot be hashed as the engine hashes them (UsageError): not an "
+            "engine's event"]
+    assert found == []
+
+
+def test_a_mismatch_with_extra_keys_too_deep_to_pickle_is_diagnosed(
+        zctx: Any, publishers: Publishers) -> None:
+    # sha256_cbor hashes 900 levels; the diagnosis tries sha256 (pickle), which recurses
+    # too deep (was a RecursionError out of the watch)
+    pub = publishers("a")
+    session, found = _watch(zctx, pub)
+    with session:
+        _send_all(session, pub, [_batch(_stored(extra_keys=[[_nested(900)]]))])
+        assert session.checker.stats("a").mismatched == 1
+    assert [f.kind for f in found] == ["mismatch"]
