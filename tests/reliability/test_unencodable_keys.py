@@ -107,7 +107,7 @@ def test_segment_names_that_are_not_utf8_are_usage_errors() -> None:
     with TransferEngine("surrogates", metadata="memory://surrogates") as engine:
         for call in (lambda: engine.lookup(BAD), lambda: engine.open_segment(BAD),
                      lambda: engine.register_segment(BAD, 4096)):
-            with pytest.raises(KvctlError, match="not (a )?valid"):
+            with pytest.raises(KvctlError, match=r"not (a )?valid"):
                 call()
 
 
