@@ -25,6 +25,10 @@ from kvctl.keys.watch.source import Endpoint, Received, Subscriber
 from kvctl.keys.watch.wire import BadFrame, split_message
 from kvctl.output import check_entry
 
+#: Seconds a replay endpoint that failed a replay (timed out, garbage, a flood) is left
+#: alone: its gaps meanwhile are counted lost, not waited for.
+REPLAY_BACKOFF_S = 30.0
+
 
 @dataclasses.dataclass(frozen=True)
 class WatchOptions:
@@ -73,6 +77,8 @@ class WatchSession:
             raise
         self.started = time.monotonic()
         self.events_at_start = 0
+        #: per instance, when its replay endpoint may be asked again (after a failed replay)
+        self._replay_quiet: dict[str, float] = {}
 
     # ---------------------------------------------------------------- running
 
@@ -122,7 +128,23 @@ class WatchSession:
         checker.feed(r.name, msg.seq, msg.payload)
 
     def _fill(self, name: str, first: int, upto: int) -> None:
-        got, problem = self.subscriber.replay(name, first)
+        now_m = time.monotonic()
+        budget = self.options.replay_timeout_s
+        if self.options.duration_s is not None:  # a replay never outlasts --duration
+            budget = min(budget, self.started + self.options.duration_s - now_m)
+        quiet = self._replay_quiet.get(name, 0.0)
+        if quiet > now_m:
+            got: list[tuple[int, bytes]] = []
+            problem: str | None = (f"its replay endpoint failed {REPLAY_BACKOFF_S:g} s ago "
+                                   "and is not asked again before")
+        elif budget <= 0:
+            got, problem = [], "no time left to ask the replay endpoint"
+        else:
+            got, problem = self.subscriber.replay(name, first, upto, timeout_s=budget)
+            if problem is not None and self.subscriber.endpoints[name].replay is not None:
+                # a replay endpoint that does not answer would stall the watch at every
+                # gap: give it a rest
+                self._replay_quiet[name] = time.monotonic() + REPLAY_BACKOFF_S
         filled = 0
         now = time.time()
         for seq, payload in got:

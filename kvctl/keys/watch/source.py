@@ -22,6 +22,10 @@ from kvctl.keys.watch.wire import END_SEQ, decode_seq, encode_seq
 
 #: Messages queued per subscription before ZeroMQ drops (vLLM's PUB default hwm).
 RCV_HWM = 100_000
+#: Most messages one replay asks for: vLLM's replay buffer (``buffer_steps``) holds 10,000,
+#: so a longer gap asks for its last 10,000 only, and a replay endpoint that sends more than
+#: that many past the ones asked for is cut off.
+MAX_REPLAY = 10_000
 
 
 def _zmq() -> Any:
@@ -202,23 +206,35 @@ class Subscriber:
             self.state[name] = state
             self.changes.append((name, state))
 
-    def replay(self, name: str, first: int) -> tuple[list[tuple[int, bytes]], str | None]:
-        """Ask ``name``'s replay endpoint for every message from ``first``: the messages it
-        sent (seq, payload), and why the replay is incomplete (``None``: it ended)."""
+    def replay(self, name: str, first: int, upto: int | None = None, *,
+               timeout_s: float | None = None) -> tuple[list[tuple[int, bytes]], str | None]:
+        """Ask ``name``'s replay endpoint for the messages ``first..upto-1`` (``None``: all it
+        has): those it sent, in ``first <= seq < upto``, and why the replay is incomplete
+        (``None``: it ended).
+
+        Bounded: at most :data:`MAX_REPLAY` messages are asked for (the last ones of a longer
+        gap), at most that many more are read before the endpoint is cut off, and the whole
+        replay takes at most ``timeout_s`` (default ``replay_timeout_s``).
+        """
         zmq = self._zmq
         url = self.endpoints[name].replay
         if url is None:
             return [], "no replay endpoint configured (add ,replay=URL)"
+        if upto is not None:
+            first = max(first, upto - MAX_REPLAY)
+        timeout = self.replay_timeout_s if timeout_s is None else timeout_s
+        wanted = MAX_REPLAY if upto is None else upto - first
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         got: list[tuple[int, bytes]] = []
         try:
             sock.connect(url)
             sock.send_multipart([b"", encode_seq(first)])
-            deadline = time.monotonic() + self.replay_timeout_s
-            while (left := deadline - time.monotonic()) > 0:
-                if not sock.poll(int(left * 1000) + 1):
-                    break
+            deadline = time.monotonic() + timeout
+            for _ in range(wanted + MAX_REPLAY + 1):
+                left = deadline - time.monotonic()
+                if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                    return got, f"replay endpoint {url} did not finish within {timeout:g} s"
                 frames = sock.recv_multipart()
                 if len(frames) != 4:
                     return got, f"replay reply of {len(frames)} frame(s), expected 4"
@@ -227,8 +243,11 @@ class Subscriber:
                     return got, "replay reply with a bad sequence frame"
                 if seq == END_SEQ:
                     return got, None
-                got.append((seq, frames[3]))
-            return got, f"replay endpoint {url} did not finish within {self.replay_timeout_s:g} s"
+                if seq >= first and (upto is None or seq < upto):
+                    got.append((seq, frames[3]))
+                    if len(got) >= wanted:
+                        return got, None
+            return got, f"replay endpoint {url} sent more than {wanted + MAX_REPLAY:,} replies"
         finally:
             sock.close(0)
 

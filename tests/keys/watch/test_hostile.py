@@ -3,16 +3,20 @@ end as a finding, never as a crash, and must not make the watch unbounded in tim
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
+import zmq
 
 from kvctl.keys.profiles import KeyConfig
 from kvctl.keys.watch.checker import Finding
 from kvctl.keys.watch.session import WatchOptions, WatchSession
-from kvctl.keys.watch.source import Endpoint
+from kvctl.keys.watch.source import MAX_REPLAY, Endpoint
 from tests.keys.watch.publisher import FixturePublisher
 
 Publishers = Callable[[str], FixturePublisher]
@@ -105,3 +109,115 @@ def test_a_mismatch_with_extra_keys_too_deep_to_pickle_is_diagnosed(
         _send_all(session, pub, [_batch(_stored(extra_keys=[[_nested(900)]]))])
         assert session.checker.stats("a").mismatched == 1
     assert [f.kind for f in found] == ["mismatch"]
+
+
+class HostileReplay:
+    """A ROUTER replay endpoint that misbehaves: ``never`` answers, ``floods`` (sends
+    out-of-range messages until it is closed, bounded at 10**6), or answers ``garbage``.
+    It keeps the start sequence numbers it was asked for."""
+
+    def __init__(self, ctx: Any, url: str, mode: str) -> None:
+        self.url, self.mode = url, mode
+        self.asked: list[int] = []
+        self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.SNDHWM, 1000)
+        self.router.bind(url)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.router.poll(20):
+                continue
+            client, _, start = self.router.recv_multipart()
+            self.asked.append(int.from_bytes(start, "big"))
+            if self.mode == "garbage":
+                self.router.send_multipart([client, b"not", b"a reply"])
+            for _ in range(10**6 if self.mode == "floods" else 0):
+                if self.stop.is_set():
+                    break
+                try:
+                    self.router.send_multipart([client, b"", b"", _seq(2**62), b"x" * 1000],
+                                               zmq.NOBLOCK)
+                except zmq.Again:
+                    self.router.poll(10, zmq.POLLOUT)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.router.close(0)
+
+
+@pytest.fixture
+def hostile_replay(zctx: Any, ipc_dir: Path) -> Iterator[Callable[[str], HostileReplay]]:
+    made: list[HostileReplay] = []
+
+    def make(mode: str) -> HostileReplay:
+        made.append(HostileReplay(zctx, f"ipc://{ipc_dir}/hostile-{mode}.replay", mode))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def _gappy(pub: FixturePublisher, count: int, *, step: int = 2) -> None:
+    """``count`` messages whose seqs skip (0, 2, 4...): a gap before every one but the first."""
+    for i in range(count):
+        pub.send_raw([b"", _seq(i * step), _batch(_stored(block_hashes=[i + 1]))])
+
+
+def test_a_replay_endpoint_that_never_answers_cannot_stretch_the_duration(
+        zctx: Any, publishers: Publishers, hostile_replay: Callable[[str], HostileReplay]
+        ) -> None:
+    pub, replay = publishers("a"), hostile_replay("never")
+    session = WatchSession([Endpoint("a", pub.url, replay.url)], VLLM,
+                           WatchOptions(duration_s=1.0, replay_timeout_s=5.0), context=zctx)
+    with session:
+        pub.wait_subscriber()
+        _gappy(pub, 40)
+        started = time.monotonic()
+        session.run(threading.Event())
+        took = time.monotonic() - started
+        s = session.checker.stats("a")
+    # was 40 gaps x 5 s of replay timeout; now the first replay waits what is left of the
+    # duration, and the endpoint is not asked again at every gap
+    assert took < 2.5, took
+    assert len(replay.asked) == 1
+    assert s.gaps == s.batches - 1 > 0
+    assert s.gap_batches_lost == s.gaps
+
+
+def test_a_flooding_replay_endpoint_is_cut_off(
+        zctx: Any, publishers: Publishers, hostile_replay: Callable[[str], HostileReplay]
+        ) -> None:
+    pub, replay = publishers("a"), hostile_replay("floods")
+    session = WatchSession([Endpoint("a", pub.url, replay.url)], VLLM,
+                           WatchOptions(replay_timeout_s=60.0), context=zctx)
+    with session:
+        pub.wait_subscriber()
+        started = time.monotonic()
+        got, problem = session.subscriber.replay("a", 0, 5)
+        took = time.monotonic() - started
+    assert got == []  # nothing it sent was asked for, and none of it was kept
+    assert problem is not None
+    assert "more than" in problem
+    assert took < 30, took  # not the 60 s timeout: cut off after a bounded count
+
+
+def test_a_huge_gap_asks_a_bounded_replay(
+        zctx: Any, publishers: Publishers, hostile_replay: Callable[[str], HostileReplay]
+        ) -> None:
+    pub, replay = publishers("a"), hostile_replay("garbage")
+    session = WatchSession([Endpoint("a", pub.url, replay.url)], VLLM,
+                           WatchOptions(replay_timeout_s=5.0), context=zctx)
+    with session:
+        pub.wait_subscriber()
+        pub.send_raw([b"", _seq(0), _batch(_stored())])
+        pub.send_raw([b"", _seq(2**60), _batch(_stored(block_hashes=[2]))])
+        _until(session, lambda: session.checker.expected_seq("a") == 2**60 + 1)
+        s = session.checker.stats("a")
+    assert replay.asked == [2**60 - MAX_REPLAY]
+    assert (s.gaps, s.gap_batches_lost) == (1, 2**60 - 1)
