@@ -51,6 +51,10 @@ from kvctl.keys.watch.wire import (
 
 #: Findings kept for the report (counters keep counting past it).
 MAX_FINDINGS = 200
+#: Distinct reasons counted per instance for blocks not verifiable (a reason can name a
+#: LoRA adapter or an extra key, which a publisher chooses); the rest are counted together.
+MAX_REASONS = 32
+OTHER_REASONS = "other reasons (more distinct reasons than kvctl counts apart)"
 ROOT = b"kvctl/kv-events/root"
 
 _ck = xxhash.xxh3_128_digest
@@ -438,6 +442,8 @@ class Checker:
                         reason = "an ancestor mismatched"
             if mine is None and not counted:
                 why = reason or "not verifiable"
+                if why not in unverifiable and len(unverifiable) >= MAX_REASONS:
+                    why = OTHER_REASONS
                 unverifiable[why] = unverifiable.get(why, 0) + 1
             digest = mine
             # -- the chain, for the blocks below this one

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import hashlib
 import pickle
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -160,9 +161,9 @@ def vllm_extra_keys(entry: Sequence[Any], lora_name: str | None,
         name = items.pop(0)
         path = lora_paths.get(name)
         if path is None:
-            raise Unverifiable(f"LoRA adapter {name!r}: vLLM hashes its path, which the event "
-                               "does not carry (give --lora-paths NAME=PATH as in vLLM's "
-                               "--lora-modules)")
+            raise Unverifiable(f"LoRA adapter {reprlib.repr(name)}: vLLM hashes its path, "
+                               "which the event does not carry (give --lora-paths "
+                               "NAME=PATH as in vLLM's --lora-modules)")
         out.append(("lora", name, path))
     for item in items:
         if isinstance(item, list | tuple):
@@ -172,7 +173,8 @@ def vllm_extra_keys(entry: Sequence[Any], lora_name: str | None,
         elif isinstance(item, bytes):
             out.append(("prompt_embeds", item))
         else:
-            raise Unverifiable(f"extra key {item!r} of a type vLLM does not publish")
+            raise Unverifiable(f"extra key {reprlib.repr(item)} of a type vLLM does not "
+                               "publish")
     return tuple(out) if out else None
 
 

@@ -221,3 +221,21 @@ def test_a_huge_gap_asks_a_bounded_replay(
         s = session.checker.stats("a")
     assert replay.asked == [2**60 - MAX_REPLAY]
     assert (s.gaps, s.gap_batches_lost) == (1, 2**60 - 1)
+
+
+def test_reasons_a_publisher_chooses_stay_few(zctx: Any, publishers: Publishers) -> None:
+    from kvctl.keys.watch.checker import MAX_REASONS, OTHER_REASONS
+
+    pub = publishers("a")
+    session, _ = _watch(zctx, pub)
+    # every message a LoRA adapter of its own, whose path is not configured, and an extra
+    # key of a type vLLM never publishes, 100 kB long
+    payloads = [_batch(_stored(lora_name=f"l{i}", extra_keys=[[f"l{i}"]]),
+                       _stored(block_hashes=[10**6 + i], extra_keys=[[{"k": "v" * 100_000}]]))
+                for i in range(500)]
+    with session:
+        _send_all(session, pub, payloads)
+        reasons = session.checker.stats("a").unverifiable
+    assert len(reasons) == MAX_REASONS + 1
+    assert reasons[OTHER_REASONS] == 500 - (MAX_REASONS - 1)  # the dict is one reason, kept
+    assert max(len(why) for why in reasons) < 300
