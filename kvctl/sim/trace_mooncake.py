@@ -28,6 +28,11 @@ _HINT = ('each line must be one JSON object like {"timestamp": 0, "input_length"
          '"output_length": 500, "hash_ids": [0, 1, 2]}')
 
 
+#: Longest input or output a request may have, tokens (an int64, as every engine counts):
+#: 10^400 passed msgspec and overflowed the float mean after the replay.
+MAX_LENGTH = 2**63 - 1
+
+
 class _Record(msgspec.Struct):
     timestamp: float
     input_length: int
@@ -46,7 +51,7 @@ def read_mooncake(path: Path) -> Iterator[TraceRequest]:
 
     Raises:
         TraceInputError: a line is not JSON, misses a field, has a field of the wrong type or
-            a negative length, or is longer than the line bound.
+            a negative length or one past :data:`MAX_LENGTH`, or is longer than the line bound.
     """
     decode = msgspec.json.Decoder(_Record).decode
     with open_trace(path) as stream:
@@ -63,6 +68,11 @@ def read_mooncake(path: Path) -> Iterator[TraceRequest]:
                 which = "input_length" if record.input_length < 0 else "output_length"
                 raise bad_record(path, number, f"{which} {getattr(record, which)} is negative",
                                  "lengths are token counts, 0 or more")
+            if max(record.input_length, record.output_length) > MAX_LENGTH:
+                which = ("input_length" if record.input_length > MAX_LENGTH
+                         else "output_length")
+                raise bad_record(path, number, f"{which} is more than {MAX_LENGTH:,} tokens",
+                                 "lengths are token counts of one request: check the record")
             yield TraceRequest(number, record.timestamp, record.input_length,
                                record.output_length, record.hash_ids)
 

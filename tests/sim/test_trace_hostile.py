@@ -4,6 +4,7 @@ exit code 2 (never an unexpected-error exit), or a result the docs promise."""
 from __future__ import annotations
 
 import gzip
+import json
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -263,3 +264,29 @@ def test_a_gz_bomb_line_is_refused_with_bounded_memory(tmp_path: Path) -> None:
         tracemalloc.stop()
     assert "line 1: the line is longer than" in err.value.cause
     assert peak < 3 * MAX_LINE_BYTES
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("input_length", 10**400),       # was OverflowError in the mean, after the whole replay
+    ("input_length", 2**70), ("output_length", 2**63),
+])
+def test_lengths_past_int64_are_named(kvctl: Kvctl, tmp_path: Path, field: str,
+                                      value: int) -> None:
+    row = {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+    row[field] = value
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    _refused(kvctl("sim", "trace", str(path), "--json"),
+             f"{path} line 1: {field} is more than 9,223,372,036,854,775,807 tokens")
+
+
+def test_the_longest_length_replays(kvctl: Kvctl, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 2**63 - 1,
+                                "output_length": 2**63 - 1, "hash_ids": [1, 2]}) + "\n")
+    r = kvctl("sim", "trace", str(path), "--json")
+    assert r.exit_code == 0, r.stderr
+    assert r.json()["trace"]["input_tokens"] == 2**63 - 1
+    from tests.fixtures.schemas import validate_document
+
+    assert validate_document(r.json()) == "sim.trace"
