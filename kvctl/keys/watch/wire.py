@@ -18,7 +18,7 @@ Nothing here raises on bad input: :func:`decode_payload` returns a :class:`Batch
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -28,6 +28,11 @@ END_SEQ = -1
 SEQ_BYTES = 8
 
 BlockHash = int | bytes
+#: Longest digest published as bytes that an event may carry: the engines' are 32 bytes
+#: (SHA-256, xxh3-128 is 16). A longer one makes the event malformed: the watch keeps every
+#: hash it remembers (``--max-blocks`` of them), so their length must be bounded too.
+MAX_HASH_BYTES = 64
+_WireHash = int | Annotated[bytes, msgspec.Meta(max_length=MAX_HASH_BYTES)]
 
 
 class BlockStored(msgspec.Struct, tag=True, gc=False):
@@ -45,8 +50,8 @@ class BlockStored(msgspec.Struct, tag=True, gc=False):
         medium: ``GPU``, ``CPU``...
     """
 
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None = None
+    block_hashes: list[_WireHash]
+    parent_block_hash: _WireHash | None = None
     token_ids: list[int] = []
     block_size: int = 0
     lora_id: int | None = None
@@ -60,7 +65,7 @@ class BlockStored(msgspec.Struct, tag=True, gc=False):
 class BlockRemoved(msgspec.Struct, tag=True, gc=False):
     """Blocks evicted from the prefix cache."""
 
-    block_hashes: list[BlockHash]
+    block_hashes: list[_WireHash]
     medium: str | None = None
     group_idx: int | None = None
 

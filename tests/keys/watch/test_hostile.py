@@ -239,3 +239,21 @@ def test_reasons_a_publisher_chooses_stay_few(zctx: Any, publishers: Publishers)
     assert len(reasons) == MAX_REASONS + 1
     assert reasons[OTHER_REASONS] == 500 - (MAX_REASONS - 1)  # the dict is one reason, kept
     assert max(len(why) for why in reasons) < 300
+
+
+def test_a_hash_longer_than_a_digest_is_malformed(zctx: Any, publishers: Publishers) -> None:
+    # every remembered hash is kept (chain, held blocks, owners): 100 kB "hashes" made 300
+    # messages cost 110 MB
+    pub = publishers("a")
+    session, found = _watch(zctx, pub)
+    long_hash = bytes(100_000)
+    with session:
+        _send_all(session, pub, [
+            _batch(_stored(block_hashes=[long_hash])),
+            _batch(_stored(block_hashes=[b"\1" * 32], parent_block_hash=long_hash)),
+            _batch({"type": "BlockRemoved", "block_hashes": [long_hash]}),
+            _batch(_stored(block_hashes=[b"\2" * 32]))])
+        s = session.checker.stats("a")
+        assert (s.unknown_events, s.blocks_seen) == (3, 1)
+    assert [f.kind for f in found][:3] == ["unknown-event"] * 3
+    assert "length <= 64" in found[0].message
