@@ -212,3 +212,24 @@ def test_a_shared_directory_under_tmp_is_refused(nshosts: MakeHosts) -> None:
     # every host binds its own directory over /tmp: one under it would not be shared
     with pytest.raises(ValueError, match="under /tmp"):
         nshosts(1, shared=Path("/tmp/kvctl-dfs-not-shared"))
+
+
+def test_doctor_on_hosts_sharing_a_local_disk_says_shared_not_this_host_only(
+        nshosts: MakeHosts, dfs: Path) -> None:
+    # issue 30.6: on h4 the doctor said 'a local file system, seen by this host only' and, in
+    # the same run, 'read and verified the probes of h1, h2, h3'
+    net = nshosts(4, shared=dfs)
+    rows: dict[str, dict[str, str]] = {}
+    for host in net:
+        done = host.run(["kvctl", "doctor", "env", "--shared-tier", str(dfs), "--json"],
+                        timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        rows = {c["name"]: c for c in json.loads(done.stdout)["components"]}
+        if host.name == "h1":
+            assert "not known to be shared" in rows["shared-tier"]["detail"]
+    assert "read and verified the probes of h1" in rows["shared-tier-visibility"]["detail"]
+    assert rows["shared-tier"]["detail"] == (f"{dfs}: a directory, shared with h1, h2, h3 "
+                                             "(their probes were read and verified here)")
+    mount = rows["shared-tier-mount"]["detail"]
+    assert "this host only" not in mount, mount
+    assert "h1, h2, h3" in mount or "network or distributed" in mount, mount

@@ -63,3 +63,45 @@ def test_doctor_env_runs_them_all(tmp_path: Path) -> None:
     assert (tmp_path / "ab" / "f.kvs").exists()
     missing = run_checks(default_checks([], [tmp_path / "nope"]))
     assert [c.status for c in missing if c.name == "shared-tier"] == [Status.ERROR]
+
+
+def test_a_missing_directory_says_the_exit_status_is_0_and_require_makes_it_fatal(
+        kvctl, tmp_path: Path) -> None:
+    # issue 30.6: the error row exited 0 without saying so (documented: doctor env reports,
+    # --require judges); the row itself now says it, and --require shared-tier works both ways
+    missing = tmp_path / "nope"
+    shown = kvctl("doctor", "env", "--shared-tier", str(missing), "--json")
+    assert shown.exit_code == 0
+    row = next(c for c in shown.json()["components"] if c["name"] == "shared-tier")
+    assert row["status"] == "error"
+    assert f"{missing} is not a directory" in row["detail"]
+    assert "exit status stays 0" in row["detail"]
+    assert "--require shared-tier makes this fatal (exit 3)" in row["detail"]
+    required = kvctl("doctor", "env", "--shared-tier", str(missing), "--require", "shared-tier")
+    assert required.exit_code == 3
+    assert "required component shared-tier is failing" in required.stderr
+    present = kvctl("doctor", "env", "--shared-tier", str(tmp_path), "--require", "shared-tier",
+                    "--json")
+    assert present.exit_code == 0, present.stderr
+    first = next(c for c in present.json()["components"] if c["name"] == "shared-tier")
+    assert (first["status"], first["detail"]) == (
+        "ok", f"{tmp_path}: a directory; no other host's probe here yet, so not known to be "
+        "shared")
+
+
+def test_a_local_type_with_other_hosts_probes_is_shared_not_this_host_only(
+        tmp_path: Path) -> None:
+    # issue 30.6: 'a local file system, seen by this host only' beside 'read and verified the
+    # probes of h2, h3, h4' in the same run; the probes overrule the type's name
+    info = tmp_path / "mountinfo"
+    info.write_text(MOUNTINFO)
+    alone = doctor.check_mount(Path("/var/tmp/x"), info)
+    assert "by its type (the only sign read, from " in alone.detail
+    shared = doctor.check_mount(Path("/var/tmp/x"), info, shared_with=["h2", "h3"])
+    assert shared.status is Status.OK
+    assert "this host only" not in shared.detail
+    assert "yet shared: the probes of h2, h3 were read here" in shared.detail
+    unknown = MOUNTINFO + "42 22 0:52 / /mnt/odd rw - oddfs odd rw\n"
+    info.write_text(unknown)
+    assert "shared with h2" in doctor.check_mount(Path("/mnt/odd/t"), info,
+                                                   shared_with=["h2"]).detail

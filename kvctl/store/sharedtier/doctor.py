@@ -13,8 +13,16 @@ doctor can check:
   verified: run the doctor on two hosts and the second sees the first.
 - ``shared-tier-space``: free bytes and files (``statvfs``).
 - ``shared-tier-mount``: the mount type and options (``/proc/self/mountinfo``): a network
-  or distributed file system is what the tier is for; a local one is seen by this host
-  only; NFS's ``nocto`` breaks close-to-open consistency.
+  or distributed file system is what the tier is for; a local one (judged by its type name
+  alone) is seen by this host only, unless other hosts' probes were read here: then hosts
+  share this machine's kernel (namespaces, containers), and the row says so instead of
+  contradicting the visibility row; NFS's ``nocto`` breaks close-to-open consistency.
+- ``shared-tier``: the directory itself, first: whether it exists and which hosts are known
+  to share it. A missing directory is an error row, and nothing else is checked.
+
+A missing directory, like every other component, leaves the exit status at 0: ``doctor
+env`` reports what this host has (the mount may come later, or this host may not need the
+tier); ``--require shared-tier`` makes it fatal (exit 3). The row says so.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import xxhash
@@ -44,13 +53,26 @@ PROBE_DIR = ".kvctl-doctor"
 
 def checks(root: Path, *, mountinfo: Path = Path("/proc/self/mountinfo"),
            rename_rounds: int = 200) -> list[ComponentStatus]:
-    """Every shared-tier check of ``root`` (which must exist)."""
+    """Every shared-tier check of ``root``: the directory (a missing one is a single error
+    row), its mount, space, rename and visibility."""
     if not root.is_dir():
-        return [ComponentStatus("shared-tier", Status.ERROR, f"{root} is not a directory",
-                                "mount the distributed file system and create the "
-                                "directory (the master creates it if its parent exists)")]
-    return [check_mount(root, mountinfo), check_space(root), check_rename(root, rename_rounds),
-            check_visibility(root)]
+        return [ComponentStatus(
+            "shared-tier", Status.ERROR,
+            f"{root} is not a directory, so nothing else of it was checked; the exit status "
+            "stays 0 all the same: doctor env reports what this host has (as for an "
+            "unreachable --metadata), and --require shared-tier makes this fatal (exit 3)",
+            "mount the distributed file system and create the directory (the master "
+            "creates it if its parent exists)")]
+    visibility, others = _visibility(root)
+    if others:
+        summary = (f"{root}: a directory, shared with {', '.join(others)} (their probes "
+                   "were read and verified here)")
+    else:
+        summary = (f"{root}: a directory; no other host's probe here yet, so not known to "
+                   "be shared")
+    return [ComponentStatus("shared-tier", Status.OK, summary),
+            check_mount(root, mountinfo, shared_with=others), check_space(root),
+            check_rename(root, rename_rounds), visibility]
 
 
 def check_rename(root: Path, rounds: int = 200) -> ComponentStatus:
@@ -100,6 +122,11 @@ def check_rename(root: Path, rounds: int = 200) -> ComponentStatus:
 
 def check_visibility(root: Path) -> ComponentStatus:
     """Write this host's probe; verify the probes other hosts left."""
+    return _visibility(root)[0]
+
+
+def _visibility(root: Path) -> tuple[ComponentStatus, list[str]]:
+    """:func:`check_visibility`, and the hosts whose probes were read back whole here."""
     name = "shared-tier-visibility"
     probes = root / PROBE_DIR
     host = socket.gethostname()
@@ -110,8 +137,9 @@ def check_visibility(root: Path) -> ComponentStatus:
         write_private_atomically(probes / f"{host}.probe", [stamp, b" ", body], fsync=True)
     except OSError as exc:
         return ComponentStatus(name, Status.ERROR, f"cannot write a probe in {probes}: "
-                               f"{exc.strerror or exc}", "the tier must be writable here")
+                               f"{exc.strerror or exc}", "the tier must be writable here"), []
     seen: list[str] = []
+    hosts: list[str] = []
     broken: list[str] = []
     for path in sorted(probes.glob("*.probe")):
         if path.stem == host:
@@ -127,17 +155,19 @@ def check_visibility(root: Path) -> ComponentStatus:
             continue
         age = time.time() - float(rest.split()[1])
         seen.append(f"{path.stem} ({age / 60:.0f} min ago)")
+        hosts.append(path.stem)
     if broken:
         return ComponentStatus(name, Status.ERROR, "probe files of " + ", ".join(broken)
                                + " read back torn or unreadable from this host",
                                "check the mount's consistency options (close-to-open; no "
-                               "client write-back cache that exposes a renamed file early)")
+                               "client write-back cache that exposes a renamed file early)"
+                               ), hosts
     if not seen:
         return ComponentStatus(name, Status.OK, f"probe written as {host}; no other host's "
                                "probe here yet", f"run 'kvctl doctor env --shared-tier {root}' "
-                               "on another host: it must list this one")
+                               "on another host: it must list this one"), hosts
     return ComponentStatus(name, Status.OK, f"probe written as {host}; read and verified the "
-                           "probes of " + ", ".join(seen))
+                           "probes of " + ", ".join(seen)), hosts
 
 
 def check_space(root: Path) -> ComponentStatus:
@@ -176,7 +206,12 @@ def mount_of(root: Path, mountinfo: Path) -> tuple[str, str, str] | None:
     return best
 
 
-def check_mount(root: Path, mountinfo: Path) -> ComponentStatus:
+def check_mount(root: Path, mountinfo: Path, *, shared_with: Sequence[str] = ()
+                ) -> ComponentStatus:
+    """The mount type and options of ``root``. The type is judged by its name in
+    ``mountinfo`` alone; ``shared_with`` (the hosts whose probes were read here, see
+    :func:`check_visibility`) overrules "local": their probes got here, so the directory is
+    shared, whatever its type (hosts on one kernel: namespaces, containers, bind mounts)."""
     name = "shared-tier-mount"
     found = mount_of(root, mountinfo)
     if found is None:
@@ -191,10 +226,21 @@ def check_mount(root: Path, mountinfo: Path) -> ComponentStatus:
     if fstype in DISTRIBUTED:
         return ComponentStatus(name, Status.OK, f"{where} (a network or distributed file "
                                "system)")
+    judged = f"by its type (the only sign read, from {mountinfo})"
+    if fstype in LOCAL and shared_with:
+        return ComponentStatus(name, Status.OK, f"{where}: a local file system {judged}, "
+                               f"yet shared: the probes of {', '.join(shared_with)} "
+                               "were read here, so those hosts share this machine's kernel "
+                               "(namespaces, containers or a bind mount)",
+                               "nodes on other machines need a distributed file system "
+                               "(3FS, CephFS, NFS) at the same path everywhere")
     if fstype in LOCAL:
-        return ComponentStatus(name, Status.OK, f"{where}: a local file system, seen by this "
-                               "host only (fine for one host or tests)",
+        return ComponentStatus(name, Status.OK, f"{where}: a local file system {judged}: "
+                               "seen by this host only (fine for one host or tests); no "
+                               "other host's probe was read here",
                                "for nodes on several hosts mount a distributed file system "
                                "(3FS, CephFS, NFS) at the same path everywhere")
+    seen = f"; shared with {', '.join(shared_with)} (their probes read here)" if (
+        shared_with) else ""
     return ComponentStatus(name, Status.OK, f"{where} (unknown type: check the requirements "
-                           "in docs/store.md)")
+                           f"in docs/store.md){seen}")
