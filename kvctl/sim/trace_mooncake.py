@@ -64,6 +64,9 @@ def read_mooncake(path: Path) -> Iterator[TraceRequest]:
                 if not data.strip():
                     continue
                 raise bad_record(path, number, _problem(exc), _HINT) from None
+            except RecursionError:  # msgspec skips an unknown field recursively
+                raise bad_record(path, number, "JSON nested too deeply to read", _HINT
+                                 ) from None
             if record.input_length < 0 or record.output_length < 0:
                 which = "input_length" if record.input_length < 0 else "output_length"
                 raise bad_record(path, number, f"{which} {getattr(record, which)} is negative",

@@ -290,3 +290,11 @@ def test_the_longest_length_replays(kvctl: Kvctl, tmp_path: Path) -> None:
     from tests.fixtures.schemas import validate_document
 
     assert validate_document(r.json()) == "sim.trace"
+
+
+def test_a_deeply_nested_extra_field_is_named(kvctl: Kvctl, tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(_rows(1).decode() +
+                    f'{{"timestamp": 1, "input_length": 10, "hash_ids": [1], "x": {deep}}}\n')
+    _refused(kvctl("sim", "trace", str(path), "--json"), f"{path} line 2: JSON nested too deeply")
