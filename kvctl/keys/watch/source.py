@@ -113,6 +113,14 @@ class Subscriber:
         if len(set(names)) != len(names):
             raise UsageError("two endpoints have the same instance name",
                              "name them: a=tcp://...,b=tcp://...")
+        seen: dict[str, str] = {}
+        for e in endpoints:
+            if e.url in seen:
+                # two subscriptions to one publisher: every block would count as held by
+                # "another instance", a pool's savings out of nothing
+                raise UsageError(f"instances {seen[e.url]} and {e.name} are the same publisher "
+                                 f"{e.url}", "give each engine instance's endpoint once")
+            seen[e.url] = e.name
         self._own = context is None
         self.ctx = context if context is not None else zmq.Context()
         self.endpoints = {e.name: e for e in endpoints}

@@ -167,3 +167,14 @@ def test_a_record_across_a_filled_gap_replays_like_the_whole_stream(
     want = [list(r.hash_ids) for r in read_kv_events(EVENTS / "vllm_sha256_cbor.jsonl")]
     assert got == want
     assert any(d.get("finding") == "gap-filled" for d in _lines(result))
+
+
+def test_the_same_publisher_twice_is_a_usage_error(kvctl: Kvctl) -> None:
+    # named apart, one publisher would be two instances that duplicate each other's every
+    # block: a pool's savings out of nothing
+    result = kvctl("verify-keys", "watch", "a=tcp://127.0.0.1:5557", "b=tcp://127.0.0.1:5557",
+                   "--profile", "vllm:sha256_cbor", "--duration", "1")
+    assert result.exit_code == 2
+    assert "Error: instances a and b are the same publisher tcp://127.0.0.1:5557" in result.stderr
+    assert "Hint:" in result.stderr
+    assert "Traceback" not in result.stderr
