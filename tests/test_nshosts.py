@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import select
+import shlex
 import shutil
 import subprocess
 import sys
@@ -172,3 +175,69 @@ def test_a_checkout_and_a_venv_under_tmp_stay_visible_inside_hosts(tmp_path: Pat
                               timeout=120, check=False)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split() == [str(venv), str(checkout), str(checkout), "False"]
+
+
+def test_scripts_nshosts_help_names_the_shared_directory_option() -> None:
+    done = subprocess.run(["bash", str(REPO / "scripts" / "nshosts"), "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--shared DIR" in done.stdout
+    assert "Example: sudo scripts/nshosts up 3 --shared" in done.stdout
+
+
+def _lines_until(proc: subprocess.Popen[bytes], last: str, timeout_s: float = 60.0
+                 ) -> list[str]:
+    """Lines ``proc`` prints up to one starting with ``last`` (bounded by ``timeout_s``)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    fd = proc.stdout.fileno()
+    data = b""
+    while time.monotonic() < deadline:
+        lines = data.decode().splitlines()
+        if any(line.startswith(last) for line in lines) and data.endswith(b"\n"):
+            return lines
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    raise AssertionError(f"no {last!r} line in time: {data!r} {err[-2000:]!r}")
+
+
+@pytest.mark.integration
+def test_nshosts_up_prints_commands_that_enter_with_kvctl_on_path_and_the_shared_dir(
+        tmp_path: Path) -> None:
+    """Issue 30.8: the printed command entered a host where 'kvctl' was not found, and there
+    was no option for the shared directory HostNet supports."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"no namespaced hosts here: {reason}")
+    with tempfile.TemporaryDirectory(dir="/var/tmp", prefix="kvctl-dfs-") as dfs:
+        shared = Path(dfs) / "tier"  # made by nshosts
+        bare = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}  # no venv: the command must add it
+        proc = subprocess.Popen([sys.executable, "-m", "tests.fixtures.nshosts", "up", "2",
+                                 str(tmp_path / "hosts"), "--shared", str(shared)], cwd=REPO,
+                                env=bare, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            lines = _lines_until(proc, "Ctrl-C")
+            enter = {line.split()[0]: line.split(": ", 1)[1] for line in lines
+                     if line.startswith("h")}
+            assert sorted(enter) == ["h1", "h2"], lines
+            assert f"every host sees {shared}" in "\n".join(lines)
+            script = f"command -v kvctl && hostname && echo hi > {shared}/from-$(hostname)"
+            for name, command in enter.items():
+                done = subprocess.run([*shlex.split(command), "-c", script], env=bare,
+                                      capture_output=True, text=True, timeout=60, check=False)
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.split() == [str(Path(sys.executable).parent / "kvctl"),
+                                               name]
+            seen = subprocess.run([*shlex.split(enter["h2"]), "-c", f"cat {shared}/from-h1"],
+                                  env=bare, capture_output=True, text=True, timeout=60,
+                                  check=False)
+            assert seen.stdout == "hi\n", seen.stderr
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
+        assert proc.returncode == 0
