@@ -105,9 +105,16 @@ class WatchSession:
                                             f"{name} ({inst.endpoint}): {state}",
                                             ts=time.time()))
         self.subscriber.changes.clear()
+        handled = 0
         for r in received:
+            # a bound is checked at every message: one poll drains up to 10,000 per
+            # instance, which at a few thousand a second overshot --duration by seconds
+            # and --events by thousands
+            if self.done():
+                break
             self.handle(r)
-        return len(received)
+            handled += 1
+        return handled
 
     def handle(self, r: Received) -> None:
         """Record and check one received message (gaps filled first)."""

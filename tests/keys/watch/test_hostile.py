@@ -257,3 +257,19 @@ def test_a_hash_longer_than_a_digest_is_malformed(zctx: Any, publishers: Publish
         assert (s.unknown_events, s.blocks_seen) == (3, 1)
     assert [f.kind for f in found][:3] == ["unknown-event"] * 3
     assert "length <= 64" in found[0].message
+
+
+def test_events_stops_at_the_message_that_reaches_it(zctx: Any, publishers: Publishers
+                                                      ) -> None:
+    from kvctl.keys.watch.source import Received
+
+    pub = publishers("a")
+    session, _ = _watch(zctx, pub, max_events=5)
+    # one poll drains up to 10,000 messages an instance: give step() 500 at once
+    burst = [Received("a", [b"", _seq(i), _batch(_stored(block_hashes=[i + 1]))], 1.0)
+             for i in range(500)]
+    session.subscriber.poll = lambda timeout_s: burst  # type: ignore[method-assign]
+    with session:
+        session.step(0)
+        assert session.done()
+        assert session.events == 5  # was all 500
