@@ -307,7 +307,8 @@ def node(
     ssd: SsdOpt = None,
     ssd_policy: SsdPolicyOpt = None,
     node_id: Annotated[str | None, typer.Option("--node-id", show_default=False,
-                                                help="Node name (default: random).")] = None,
+                                                help="Node name (default: the host's name and a "
+                                                "random suffix).")] = None,
     node_listen: Annotated[str | None, typer.Option(
         "--node-listen", show_default=False,
         help="Data-path HOST:PORT (default: loopback for a master on loopback, else the "

@@ -16,7 +16,9 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,6 +71,25 @@ def node_listen_for(master: str, listen: str | None, advertise: Sequence[str] = 
     return listen
 
 
+#: Longest host label a default node name keeps (the name stays short in tables).
+HOST_LABEL_CHARS = 40
+
+
+def default_node_id(hostname: str | None = None) -> str:
+    """A node's name when none is given: its host's name (the first label of
+    ``hostname``, default :func:`socket.gethostname`, reduced to letters, digits, ``_``
+    and ``-``) and 6 random hex digits, e.g. ``gpu07-3fa2c1``.
+
+    The suffix keeps the name unique on a host that runs several nodes (and across hosts
+    sharing a hostname): the master takes a registration under a name it already has, with
+    other memory, as that node restarted, and drops the earlier one (see
+    :mod:`kvctl.store.master.liveness`), so two nodes must never share a name.
+    """
+    host = socket.gethostname() if hostname is None else hostname
+    label = re.sub(r"[^A-Za-z0-9_-]+", "-", host.split(".", 1)[0]).strip("-")
+    return f"{label[:HOST_LABEL_CHARS] or 'node'}-{secrets.token_hex(3)}"
+
+
 def _preferred(listen: str, prefer: str | None) -> tuple[str, ...]:
     """For a wildcard bind: advertise the address that reaches the master first."""
     host = parse_listen(listen)[0]
@@ -84,7 +105,8 @@ class StorageNode:
         master: ``HOST:PORT`` of the master, or several (``A:PORT,B:PORT``: masters that
             elect a leader on etcd; the node registers with whichever leads, again after
             a takeover, within :data:`~kvctl.store.rpc.FAILOVER_S`).
-        node_id: unique name of this node in the store.
+        node_id: unique name of this node in the store (``None``: :func:`default_node_id`,
+            the host's name and a random suffix).
         capacity_bytes: DRAM contributed, bytes.
         ssd_dir: SSD tier directory (``None``: no SSD tier).
         ssd_capacity_bytes: most bytes kept on SSD.
@@ -118,7 +140,7 @@ class StorageNode:
 
         self._masters = MasterSet(master)
         master = self._masters.first  # the data path listens where it reaches this one
-        self.node_id = node_id or f"node-{secrets.token_hex(3)}"
+        self.node_id = node_id or default_node_id()
         self.epoch = secrets.token_hex(8)
         self.capacity_bytes = capacity_bytes
         self._token = token

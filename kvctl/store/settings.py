@@ -50,7 +50,8 @@ class StoreSettings:
             loopback for a master on loopback, else on the address that reaches the master.
         advertise: ``HOST`` clients reach a node's data path at (default: where it listens,
             or the interface addresses for ``0.0.0.0``).
-        node_id: node name (default: random).
+        node_id: node name (default: the host's name and a random suffix, see
+            :func:`kvctl.store.node.default_node_id`).
         node_grace: seconds of heartbeat silence after which a *suspect* node (silent
             past ``node_timeout``: no placements, reads go to other replicas, its objects
             kept) is dropped with its objects' copies on it (at least ``node_timeout``;
