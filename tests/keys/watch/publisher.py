@@ -26,9 +26,10 @@ def fixture_messages(name: str) -> list[RecordedMessage]:
 class FixturePublisher:
     """PUB + ROUTER on ``ipc://`` under ``directory``; ``close()`` safe twice."""
 
-    def __init__(self, ctx: Any, directory: Path, name: str) -> None:
-        self.url = f"ipc://{directory}/{name}.pub"
-        self.replay_url = f"ipc://{directory}/{name}.replay"
+    def __init__(self, ctx: Any, directory: Path, name: str, *, url: str | None = None,
+                 replay_url: str | None = None) -> None:
+        self.url = url or f"ipc://{directory}/{name}.pub"
+        self.replay_url = replay_url or f"ipc://{directory}/{name}.replay"
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind(self.url)
@@ -75,3 +76,39 @@ class FixturePublisher:
         self.thread.join(timeout=5)
         self.pub.close(0)
         self.router.close(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand in for an engine on a (namespaced) host: bind PUB and replay like vLLM's
+    ``tcp://*:P`` endpoints, print ``ready``, publish a recorded stream once a subscriber
+    has joined, then serve replays until ``--serve-s`` have passed."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("fixture", help="a stream of tests/keys/events/, without .jsonl")
+    parser.add_argument("--pub", default="tcp://*:5557")
+    parser.add_argument("--replay", default="tcp://*:5558")
+    parser.add_argument("--serve-s", type=float, default=120.0)
+    args = parser.parse_args(argv)
+    ctx = zmq.Context()
+    pub = FixturePublisher(ctx, Path(), args.fixture, url=args.pub, replay_url=args.replay)
+    try:
+        print("ready", flush=True)
+        pub.wait_subscriber(args.serve_s)
+        for m in fixture_messages(args.fixture):
+            assert m.seq is not None
+            pub.send(m.seq, m.payload)
+        print("published", flush=True)
+        pub.stop.wait(args.serve_s)
+    except TimeoutError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    finally:
+        pub.close()
+        ctx.destroy(linger=0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
