@@ -92,7 +92,7 @@ def test_store_ls_counts_one_object(kvctl: Kvctl, store_256mib: EmbeddedStore,
     assert r.exit_code == 0, r.stderr
     assert "1 object under" in r.stdout
     r = kvctl("store", "status", "--master", master)
-    assert "1 object," in r.stdout
+    assert "1 object (" in r.stdout
     assert "1 objects" not in r.stdout
 
 

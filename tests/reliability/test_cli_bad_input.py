@@ -84,6 +84,15 @@ TABLE: dict[tuple[str, ...], list[tuple[str, list[str], int]]] = {
         ("not-an-int", ["sim", "pool", "--sessions", "abc"], 2),
         ("inconsistent", ["sim", "pool", "--min-turns", "5", "--max-turns", "2"], 2),
     ],
+    ("sim", "trace"): [
+        ("missing-file", ["sim", "trace", "{missing}"], 2),
+        ("not-json-lines", ["sim", "trace", "{bad_runbook}"], 2),
+        ("bad-capacity", ["sim", "trace", "{bad_runbook}", "--capacity-tokens", "4XB"], 2),
+        ("bad-routing", ["sim", "trace", "{bad_runbook}", "--instances", "2", "--routing",
+                         "sideways"], 2),
+        ("unknown-format", ["sim", "trace", "{bad_runbook}", "--format", "csv"], 2),
+        ("missing-argument", ["sim", "trace"], 2),
+    ],
     ("plan",): [("unknown-option", ["plan", "--bogus"], 2)],
     ("plan", "readback"): [
         ("unknown-model", ["plan", "readback", "--model", "nosuch"], 2),
@@ -119,6 +128,13 @@ TABLE: dict[tuple[str, ...], list[tuple[str, list[str], int]]] = {
         ("future-manifest", ["verify-keys", "compare", "{future_manifest}"], 2),
         ("binary-manifest", ["verify-keys", "compare", "{binary_manifest}"], 2),
         ("missing-file", ["verify-keys", "compare", "{missing}"], 2),
+    ],
+    ("verify-keys", "watch"): [
+        ("missing-argument", ["verify-keys", "watch"], 2),
+        ("unknown-transport", ["verify-keys", "watch", "bogus://x", "--duration", "1"], 2),
+        ("bad-duration", ["verify-keys", "watch", "tcp://127.0.0.1:1", "--duration", "abc"], 2),
+        ("unwritable-record", ["verify-keys", "watch", "tcp://127.0.0.1:1", "--duration", "1",
+                               "--record", "{missing}/kv.jsonl"], 2),
     ],
     ("segment",): [("unknown-option", ["segment", "--bogus"], 2)],
     ("segment", "register"): [
@@ -204,6 +220,9 @@ TABLE: dict[tuple[str, ...], list[tuple[str, list[str], int]]] = {
     ],
     ("cluster",): [("unknown-option", ["cluster", "--bogus"], 2)],
     ("cluster", "ls"): [("unknown-scheme", ["cluster", "ls", "-m", "bogus://x"], 2)],
+    ("cluster", "reset-policy"): [
+        ("unknown-scheme", ["cluster", "reset-policy", "-m", "bogus://x", "--yes"], 2),
+    ],
     ("cluster", "bench"): [
         ("unknown-scheme", ["cluster", "bench", "-m", "bogus://x"], 2),
         ("unknown-unit", ["cluster", "bench", "-m", "bogus://x", "--block-size", "4XB"], 2),
@@ -241,7 +260,8 @@ REQUIRED: dict[tuple[str, ...], list[str]] = {
     ("verify-keys", "compare"): ["{good_manifest}"], ("segment", "register"): ["x"],
     ("segment", "show"): ["x"], ("segment", "rm"): ["x"], ("store", "put"): ["k", "{missing}"],
     ("store", "get"): ["k"], ("store", "stat"): ["k"], ("store", "rm"): ["k"],
-    ("store", "node", "rm"): ["n1"],
+    ("store", "node", "rm"): ["n1"], ("sim", "trace"): ["{missing}"],
+    ("verify-keys", "watch"): ["tcp://127.0.0.1:1"],
 }
 
 
