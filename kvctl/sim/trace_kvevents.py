@@ -77,11 +77,17 @@ def read_kv_events(path: Path) -> Iterator[TraceRequest]:
 
 def _chain(parents: dict[tuple[str, int], int | None], instance: str,
            parent: BlockHash | None) -> list[int]:
-    """The ids from the root to ``parent`` (inclusive), as far as the file knows them."""
+    """The ids from the root to ``parent`` (inclusive), as far as the file knows them.
+
+    A parent link that loops back (a publisher that named a block's descendant as its parent)
+    ends the chain where it would repeat: each id once.
+    """
     out: list[int] = []
+    seen: set[int] = set()
     node = None if parent is None else _id(parent)
-    while node is not None and len(out) < MAX_DEPTH:
+    while node is not None and len(out) < MAX_DEPTH and node not in seen:
         out.append(node)
+        seen.add(node)
         node = parents.get((instance, node))
     out.reverse()
     return out
