@@ -120,10 +120,6 @@ def safe_log_lines(logger: logging.Logger) -> None:
 #: words of one command keep their hyphen (``keys.store-check``). docs/json.md lists them.
 KIND_RE = re.compile(r"[a-z]+(?:\.[a-z][a-z-]*)+")
 
-#: The statuses of one entry of a verdict's ``checks`` list: ``warn`` did not fail the
-#: verdict but deserves a look; ``skip`` could not run here (its entry says why).
-CHECK_STATUSES = ("pass", "warn", "fail", "skip")
-
 
 def json_document(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     """The envelope every ``--json`` output uses."""
@@ -131,15 +127,6 @@ def json_document(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"JSON kind {kind!r} is not dotted lowercase words")
     body = with_deprecated_keys(to_jsonable(payload))  # old unit-less names, one release
     return {"schema_version": SCHEMA_VERSION, "kind": kind, **body}
-
-
-def check_entry(name: str, status: str, **fields: Any) -> dict[str, Any]:
-    """One entry of a verdict document's ``checks``: what was checked, its status (one of
-    :data:`CHECK_STATUSES`), then the check's own fields. A verdict document also carries
-    ``ok``: true when no check failed."""
-    if status not in CHECK_STATUSES:
-        raise ValueError(f"check status {status!r} is not one of {', '.join(CHECK_STATUSES)}")
-    return {"name": name, "status": status, **fields}
 
 
 class Output:

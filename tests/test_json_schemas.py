@@ -25,10 +25,11 @@ import pytest
 from kvctl import SCHEMA_VERSION
 from kvctl.keys.manifest import MANIFEST_KIND
 from kvctl.metadata import open_metadata
-from kvctl.output import CHECK_STATUSES, KIND_RE
+from kvctl.output import KIND_RE
 from kvctl.store.embedded import EmbeddedStore
 from kvctl.store.settings import StoreSettings
 from kvctl.units import DEPRECATED_KEYS
+from kvctl.verdict import CHECK_STATUSES
 from tests.cluster.test_commands import SMALL, cluster  # noqa: F401 - the fixture
 from tests.fixtures.cli import CliResult
 from tests.fixtures.schemas import REPO, SCHEMAS, schema_kinds, schema_path, validate_document

@@ -33,8 +33,9 @@ from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, renam
 from kvctl.config import CommonSettings
 from kvctl.errors import KvctlError, UsageError
 from kvctl.models import resolve_model
-from kvctl.output import Output, check_entry
+from kvctl.output import Output
 from kvctl.units import format_size, parse_duration
+from kvctl.verdict import check_entry
 
 app = typer.Typer(help="Benchmarks: fabric throughput, latency and integrity.\n\n"
                   "Example: kvctl bench transfer --verify",

@@ -18,8 +18,9 @@ from rich.text import Text
 from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, stop_on_signal
 from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
-from kvctl.output import Output, check_entry, safe_cell, safe_markup
+from kvctl.output import Output, safe_cell, safe_markup
 from kvctl.units import parse_duration
+from kvctl.verdict import check_entry
 from kvctl.wording import plural
 
 if TYPE_CHECKING:

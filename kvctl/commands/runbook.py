@@ -10,10 +10,10 @@ from rich.table import Table
 
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.errors import CheckFailedError
-from kvctl.output import check_entry
 from kvctl.runbook.model import Verdict, load_runbook, step_kinds
 from kvctl.runbook.report_html import check_report_path, write_report
 from kvctl.runbook.runner import builtin_runbook, run_runbook
+from kvctl.verdict import check_entry
 from kvctl.wording import plural
 
 _STYLE = {Verdict.PASS: "green", Verdict.FAIL: "bold red", Verdict.SKIP: "yellow"}

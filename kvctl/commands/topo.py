@@ -16,7 +16,7 @@ from rich.text import Text
 
 from kvctl.commands._common import JsonOpt, global_options
 from kvctl.errors import UsageError
-from kvctl.output import Output, check_entry
+from kvctl.output import Output
 from kvctl.topo.doctor import Finding, Severity, has_errors, run_doctor
 from kvctl.topo.export import (
     env_lines,
@@ -29,6 +29,7 @@ from kvctl.topo.model import LEGEND, PortState, Topology
 from kvctl.topo.rank import rank_nics
 from kvctl.topo.snapshot import write_snapshot
 from kvctl.topo.sources import TopoSettings, live_sources, load_topology
+from kvctl.verdict import check_entry
 from kvctl.wording import plural
 
 app = typer.Typer(

@@ -32,9 +32,10 @@ from kvctl.keys.store_check import (
     check_store,
     open_store,
 )
-from kvctl.output import Output, check_entry
+from kvctl.output import Output
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
+from kvctl.verdict import check_entry
 from kvctl.wording import plural
 
 app = typer.Typer(help="Check that every instance names KV blocks with the same keys.\n\n"

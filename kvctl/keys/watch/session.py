@@ -23,7 +23,7 @@ from kvctl.keys.watch.checker import Checker, Finding
 from kvctl.keys.watch.record import Recorder
 from kvctl.keys.watch.source import Endpoint, Received, Subscriber
 from kvctl.keys.watch.wire import BadFrame, split_message
-from kvctl.output import check_entry
+from kvctl.verdict import check_entry
 
 #: Seconds a replay endpoint that failed a replay (timed out, garbage, a flood) is left
 #: alone: its gaps meanwhile are counted lost, not waited for.
