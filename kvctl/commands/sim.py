@@ -454,9 +454,12 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
     for r in replay.results:
         idle = [i.index for i in r.per_instance if not i.requests]
         if idle and r.instances > 1:
+            why = ("prefix-aware routing follows a prefix every request shares; see "
+                   "docs/traffic.md" if r.routing is TraceRouting.PREFIX_AWARE else
+                   f"{sum(i.requests for i in r.per_instance):,} requests, routed "
+                   f"{r.routing.value}")
             out.print(f"Note: {r.label} sent no request to {len(idle)} of {r.instances} "
-                      "instances (prefix-aware routing follows a prefix every request shares; "
-                      "see docs/traffic.md).")
+                      f"instances ({why}).")
     if cost is None:
         return
     view = Table(title=(f"Cost view ({cost.model}, {cost.kv_bytes_per_token / 1024:g} KiB/"

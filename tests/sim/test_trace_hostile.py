@@ -298,3 +298,15 @@ def test_a_deeply_nested_extra_field_is_named(kvctl: Kvctl, tmp_path: Path) -> N
     path.write_text(_rows(1).decode() +
                     f'{{"timestamp": 1, "input_length": 10, "hash_ids": [1], "x": {deep}}}\n')
     _refused(kvctl("sim", "trace", str(path), "--json"), f"{path} line 2: JSON nested too deeply")
+
+
+def test_idle_instances_are_not_blamed_on_prefix_aware_routing(kvctl: Kvctl,
+                                                               tmp_path: Path) -> None:
+    r = kvctl("sim", "trace", _ok_trace(tmp_path), "--instances", "5", "--routing",
+              "round-robin,prefix-aware")
+    assert r.exit_code == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "5 x 3,000,000 round-robin sent no request to 2 of 5 instances (3 requests, " \
+           "routed round-robin)" in text
+    assert "prefix-aware sent no request to 4 of 5 instances (prefix-aware routing" in text
+    assert text.count("prefix-aware routing follows") == 1
