@@ -593,8 +593,9 @@ def watch_cmd(
     config = config_from_settings(settings, env=env)
     parsed = [parse_endpoint(e) for e in endpoints]
     for name, value in (("--window", window), ("--interval", interval),
-                        ("--replay-timeout", replay_timeout), ("--max-blocks", max_blocks)):
-        if value <= 0:
+                        ("--replay-timeout", replay_timeout), ("--max-blocks", max_blocks),
+                        ("--duration", duration), ("--events", events)):
+        if value is not None and value <= 0:
             raise UsageError(f"{name} {value:g} is not positive", f"give {name} above 0")
     options = WatchOptions(duration_s=duration, max_events=events, window_s=window,
                            max_blocks=max_blocks, replay_timeout_s=replay_timeout)

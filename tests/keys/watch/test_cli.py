@@ -178,3 +178,13 @@ def test_the_same_publisher_twice_is_a_usage_error(kvctl: Kvctl) -> None:
     assert "Error: instances a and b are the same publisher tcp://127.0.0.1:5557" in result.stderr
     assert "Hint:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bound_that_is_not_positive_is_a_usage_error(kvctl: Kvctl) -> None:
+    # --duration -1 used to end at once and report the endpoint unreachable (exit 1)
+    for option, value in (("--duration", "-1"), ("--events", "0")):
+        result = kvctl("verify-keys", "watch", "tcp://127.0.0.1:5557", "--profile",
+                       "vllm:sha256_cbor", option, value)
+        assert result.exit_code == 2, (option, result.stderr)
+        assert f"Error: {option} {value} is not positive" in result.stderr
+        assert "Hint:" in result.stderr
