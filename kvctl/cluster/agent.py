@@ -591,7 +591,8 @@ def check_policy(client: MetadataClient, keys: ClusterKeys, token: str | None) -
             f"the cluster at {client.url} requires the shared token (its policy, written by "
             f"{policy.written_by}, signs every document) and KVCTL_TOKEN is not set here",
             "set KVCTL_TOKEN as on the other hosts; if the cluster no longer uses a token, "
-            f"delete {keys.policy} from the metadata service")
+            f"remove the policy with 'kvctl cluster reset-policy --metadata {client.url} "
+            f"--yes' (it deletes {keys.policy})")
     if policy.proof != policy_proof(token):
         raise AuthError(
             f"the cluster at {client.url} runs with another token (policy written by "

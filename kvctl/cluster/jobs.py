@@ -1,7 +1,7 @@
 """The work an agent does for a client, one handler per job kind.
 
 Each handler calls the library the single-host commands call: a bench target is
-:class:`~kvctl.bench.engines.serve.TargetSet` (kvctl's engine and the foreign ones), a
+:class:`~kvctl.bench.target.serve.TargetSet` (kvctl's engine and the foreign ones), a
 bench is :func:`~kvctl.bench.session.run_transfer_bench`, a runbook is
 :func:`~kvctl.runbook.runner.run_runbook`, key manifests are
 :func:`~kvctl.keys.manifest.emit`. Store masters and nodes run as ``kvctl store master`` /

@@ -23,6 +23,7 @@ def test_a_policy_left_by_a_token_is_deleted_and_the_cluster_runs_without_one(
     refused = kvctl("cluster", "ls", "--metadata", url)
     assert refused.exit_code == 2, refused.stderr
     assert "requires the shared token" in refused.stderr
+    assert f"kvctl cluster reset-policy --metadata {url} --yes" in refused.stderr
     asked = kvctl("cluster", "reset-policy", "--metadata", url)
     assert asked.exit_code == 2, asked.stderr
     assert "written by h1" in asked.stderr
