@@ -273,3 +273,45 @@ def test_events_stops_at_the_message_that_reaches_it(zctx: Any, publishers: Publ
         session.step(0)
         assert session.done()
         assert session.events == 5  # was all 500
+
+
+def test_pool_figures_match_a_hand_count() -> None:
+    from kvctl.keys.watch.checker import Checker
+    from kvctl.keys.watch.hashing import event_hasher
+
+    hasher = event_hasher(VLLM)
+    x_d = hasher.block(None, list(range(16)), None, None, None)
+    x = hasher.published_int(x_d)
+    y = hasher.published_int(hasher.block(x_d, list(range(16, 32)), None, None, None))
+    z = hasher.published_int(hasher.block(x_d, list(range(100, 116)), None, None, None))
+    now = [100.0]
+    checker = Checker(VLLM, window_s=10, clock=lambda: now[0])
+    checker.add_instance("a")
+    checker.add_instance("b")
+    seqs = {"a": 0, "b": 0}
+
+    def send(name: str, *events: Any) -> None:
+        checker.feed(name, seqs[name], _batch(*events, ts=now[0]))
+        seqs[name] += 1
+
+    root = {"parent_block_hash": None, "token_ids": list(range(16))}
+    send("a", _stored(block_hashes=[x, y], token_ids=list(range(32))))  # a: computes X, Y
+    send("b", _stored(block_hashes=[x, z], token_ids=list(range(16)) + list(range(100, 116))))
+    # b: computes X (a holds it: 16 duplicated tokens) and Z (nobody holds it)
+    send("a", {"type": "BlockRemoved", "block_hashes": [x]})  # a: holds Y
+    send("b", {"type": "AllBlocksCleared"})  # b: holds nothing
+    now[0] = 120.0  # past the 10 s window
+    send("b", _stored(block_hashes=[x], **root))  # b computes X; a does not hold it
+    send("b", _stored(block_hashes=[x], **root))  # a prefix hit re-announced: reuse
+    send("a", _stored(block_hashes=[x], **root))  # a computes X; b holds it: 16 duplicated
+    a, b = checker.stats("a"), checker.stats("b")
+    assert (a.computed_blocks, a.computed_tokens, a.duplicate_tokens, a.reused_blocks) == (
+        3, 48, 16, 0)
+    assert (b.computed_blocks, b.computed_tokens, b.duplicate_tokens, b.reused_blocks) == (
+        3, 48, 16, 1)
+    assert (a.verified, b.verified, a.mismatched + b.mismatched) == (3, 4, 0)
+    assert (checker.held("a"), checker.held("b")) == (2, 1)  # a: Y, X; b: X
+    assert (a.removed_blocks, b.cleared) == (1, 1)
+    wa, wb = checker.window("a"), checker.window("b")
+    assert (wa.computed_tokens, wa.duplicate_tokens) == (16, 16)  # the last X only
+    assert (wb.computed_tokens, wb.duplicate_tokens) == (16, 0)
