@@ -18,7 +18,7 @@ from rich.text import Text
 from kvctl.commands._common import GlobalOptions, JsonOpt, global_options, stop_on_signal
 from kvctl.config import CommonSettings
 from kvctl.errors import CheckFailedError, UsageError
-from kvctl.output import Output, safe_cell, safe_markup
+from kvctl.output import Output, safe_cell, safe_markup, safe_text
 from kvctl.units import parse_duration
 from kvctl.verdict import check_entry
 from kvctl.wording import plural
@@ -392,42 +392,44 @@ def _render_bench(out: Output, report: ClusterBenchReport) -> None:
     slow = {(s.a.host, s.b.host) for s in report.diagnosis.slow}
     slow |= {(b, a) for a, b in slow}
     for m in matrices(report):
-        console.print(f"{m.label}: GB/s (10^9 B/s), the slower direction of each pair; "
+        console.print(f"{safe_markup(m.label)}: GB/s (10^9 B/s), the slower direction of each "
+                      f"pair; "
                       f"{describe_sweep(report)}")
         table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
         table.add_column("")
         for h in m.hosts:
-            table.add_column(h, justify="right")
+            table.add_column(safe_markup(h), justify="right")
         for i, h in enumerate(m.hosts):
             cells = [Text("-", style="dim") if i == j else
                      _cell(m.cells[i][j], m.states.get((h, other)), (h, other) in slow)
                      for j, other in enumerate(m.hosts)]
-            table.add_row(h, *cells)
+            table.add_row(safe_cell(h), *cells)
         console.print(table)
     d = report.diagnosis
     console.print(f"schedule: {report.schedule.mode}, {len(report.schedule.rounds)} round(s), "
                   f"{len(report.outcomes)} pair(s) in {report.duration_s:.1f} s")
-    console.print(f"diagnosis: {d.summary()}")
+    console.print(Text(safe_text(f"diagnosis: {d.summary()}")))
     if d.note:
         console.print(f"[yellow]note:[/yellow] {d.note}")
     for c in d.culprits:
         row = ", ".join(f"{e.peer.label()} {e.gbps:.3g}" for e in c.row if e.gbps is not None)
         col = ", ".join(f"{e.peer.label()} {e.gbps:.3g}" for e in c.column
                         if e.gbps is not None)
-        console.print(Text(f"  {c.subject.label()}: as initiator (its row): {row or '-'}; "
-                           f"as target (its column): {col or '-'}"))
+        console.print(Text(safe_text(f"  {c.subject.label()}: as initiator (its row): "
+                                     f"{row or '-'}; as target (its column): {col or '-'}")))
         record = report.records.get(c.subject.host)
         for f in (record.doctor.findings if record else []):
             if f.severity in ("error", "warning"):
-                console.print(Text(f"  {c.subject.host} topo doctor {f.severity}: "
-                                   f"{f.subject}: {f.message} ({f.hint})"))
+                console.print(Text(safe_text(f"  {c.subject.host} topo doctor {f.severity}: "
+                                             f"{f.subject}: {f.message} ({f.hint})")))
     for gone in report.missing:
-        console.print(f"[red]missing:[/red] {gone.host} (agent vanished, seen gone in round "
-                      f"{gone.round_index + 1})")
+        console.print(f"[red]missing:[/red] {safe_markup(gone.host)} (agent vanished, seen gone "
+                      f"in round {gone.round_index + 1})")
     for o in report.failed:
-        console.print(Text(f"failed: {o.a.label()} -> {o.b.label()}: {o.error}", style="red"))
+        console.print(Text(safe_text(f"failed: {o.a.label()} -> {o.b.label()}: {o.error}"),
+                           style="red"))
     for host, problem in report.untrusted:
-        out.warn(f"{host} not benched: {problem}")
+        out.warn(safe_markup(f"{host} not benched: {problem}"))
 
 
 def _bench_checks(report: ClusterBenchReport) -> list[dict[str, Any]]:
@@ -578,8 +580,8 @@ def _render_runbook(out: Output, report: ClusterRunbookReport) -> None:
         table.add_column(column, overflow="fold")
     for r in report.rows:
         s = style[r.verdict]
-        table.add_row(r.host, r.check, f"[{s}]{r.verdict.value}[/{s}]", r.measured,
-                      r.hint or "")
+        table.add_row(safe_cell(r.host), safe_cell(r.check), f"[{s}]{r.verdict.value}[/{s}]",
+                      safe_cell(r.measured), safe_cell(r.hint or ""))
     console.print(table)
     summary = Table(title="overall", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     summary.add_column("host")
@@ -591,7 +593,7 @@ def _render_runbook(out: Output, report: ClusterRunbookReport) -> None:
             continue
         failed = sum(r.verdict is Verdict.FAIL for r in mine)
         verdict = Verdict.FAIL if failed else Verdict.PASS
-        summary.add_row(host, f"[{style[verdict]}]{verdict.value}[/{style[verdict]}]",
+        summary.add_row(safe_cell(host), f"[{style[verdict]}]{verdict.value}[/{style[verdict]}]",
                         f"{len(mine) - failed}/{len(mine)} pass")
     console.print(summary)
 

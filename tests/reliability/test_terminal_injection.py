@@ -135,3 +135,21 @@ def test_log_lines_with_foreign_text_are_sanitised() -> None:
     assert not any(raw in line for raw in RAW), line
     assert line.startswith("WARNING kvctl.cluster: refusing kvctl/cluster/jobs/h0/\\x1b]0;")
 
+
+
+def test_the_cluster_runbook_table_shows_what_agents_reported_visibly(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # rows carry what each host's agent reported (check names, measurements, hints): a host
+    # that lies must not reach the operator's terminal through the verdict table either
+    from kvctl.cluster.runbook import ClusterCheck, ClusterRunbookReport
+    from kvctl.commands.cluster import _render_runbook
+    from kvctl.output import Output
+    from kvctl.runbook.model import Verdict
+
+    row = ClusterCheck(host=f"h1{CSI_CLEAR}", check=f"store: node{OSC_TITLE}",
+                       verdict=Verdict.FAIL, measured=HOSTILE, hint=OSC_52 + MARKUP)
+    report = ClusterRunbookReport(hosts=(row.host,), rows=(row,), bench=None, passed=False,
+                                  duration_s=1.0)
+    _render_runbook(Output(), report)
+    captured = capsys.readouterr()
+    _assert_clean(CliResult(0, captured.out, captured.err), "cluster runbook")
