@@ -188,3 +188,45 @@ def test_a_bound_that_is_not_positive_is_a_usage_error(kvctl: Kvctl) -> None:
         assert result.exit_code == 2, (option, result.stderr)
         assert f"Error: {option} {value} is not positive" in result.stderr
         assert "Hint:" in result.stderr
+
+
+def test_sigterm_and_sigint_leave_a_complete_record(
+        publishers: Callable[[str], FixturePublisher], tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from kvctl.sim.trace_kvevents import read_kv_events
+
+    want = fixture_messages("vllm_sha256_cbor")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        pub = publishers(f"s{int(sig)}")
+        record = tmp_path / f"kv{int(sig)}.jsonl"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvctl", "verify-keys", "watch", pub.url, "--profile",
+             "vllm:sha256_cbor", *LORA, "--json", "--interval", "0.1", "--duration", "60",
+             "--record", str(record)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        try:
+            pub.wait_subscriber()
+            for m in want:
+                assert m.seq is not None
+                pub.send(m.seq, m.payload)
+            assert proc.stdout is not None
+            for _ in range(1000):  # summary lines every 0.1 s, until every message is in
+                doc = json.loads(proc.stdout.readline() or "{}")
+                if doc.get("kind") == "keys.watch" and doc["instances"][0]["next_seq"] == len(
+                        want):
+                    break
+            else:
+                raise AssertionError("the watch never took the whole stream")
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == 0, err
+        assert "Traceback" not in err
+        assert json.loads(out.splitlines()[-1])["final"] is True
+        assert len(record.read_text().splitlines()) == 1 + len(want)
+        assert len(list(read_kv_events(record))) == 11
