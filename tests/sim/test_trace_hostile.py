@@ -310,3 +310,16 @@ def test_idle_instances_are_not_blamed_on_prefix_aware_routing(kvctl: Kvctl,
            "routed round-robin)" in text
     assert "prefix-aware sent no request to 4 of 5 instances (prefix-aware routing" in text
     assert text.count("prefix-aware routing follows") == 1
+
+
+def test_a_kv_events_record_corrupt_or_nested_is_named(kvctl: Kvctl, tmp_path: Path) -> None:
+    """The kv-events reader (kvctl/keys/watch/record.py) had both crashes too."""
+    nested = tmp_path / "deep.kvrec"
+    nested.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    _refused(kvctl("sim", "trace", str(nested), "--format", "kv-events"),
+             "line 1: JSON nested too deeply")
+    data = bytearray(gzip.compress(b"x\n" * 1000))
+    data[10:12] = b"\xff\xff"
+    corrupt = tmp_path / "c.kvrec.gz"
+    corrupt.write_bytes(bytes(data))
+    _refused(kvctl("sim", "trace", str(corrupt), "--format", "kv-events"), "cannot read")

@@ -17,6 +17,7 @@ import base64
 import dataclasses
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, BinaryIO, cast
@@ -125,7 +126,7 @@ def read_record(path: Path) -> Iterator[RecordedMessage]:
             number += 1
             try:
                 text = f.readline(MAX_LINE_BYTES + 1)
-            except (OSError, EOFError) as exc:
+            except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a corrupt .gz
                 raise _bad(path, number, f"cannot read ({exc})") from exc
             if not text:
                 return
@@ -135,6 +136,8 @@ def read_record(path: Path) -> Iterator[RecordedMessage]:
                 doc = json.loads(text)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 raise _bad(path, number, f"not JSON ({exc})") from None
+            except RecursionError:
+                raise _bad(path, number, "JSON nested too deeply to read") from None
             if not isinstance(doc, dict):
                 raise _bad(path, number, "not a JSON object")
             if number == 1:
