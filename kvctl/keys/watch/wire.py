@@ -165,9 +165,15 @@ def _unknown(item: msgspec.Raw, problem: str) -> UnknownEvent:
     except _DECODE_ERRORS:
         value = None
     tag = value.get("type") if isinstance(value, dict) else None
+    if isinstance(tag, str):
+        tag = tag[:MAX_TAG]  # the publisher's text, in every warning about it
     if isinstance(tag, str) and tag not in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
         return UnknownEvent(tag, f"unknown event type {tag!r}")
     return UnknownEvent(tag if isinstance(tag, str) else "", f"malformed event: {problem}")
+
+
+#: Characters of an unknown event's tag kept (a newer engine's tags are short words).
+MAX_TAG = 64
 
 
 def decode_seq(frame: bytes) -> int | None:

@@ -315,3 +315,13 @@ def test_pool_figures_match_a_hand_count() -> None:
     wa, wb = checker.window("a"), checker.window("b")
     assert (wa.computed_tokens, wa.duplicate_tokens) == (16, 16)  # the last X only
     assert (wb.computed_tokens, wb.duplicate_tokens) == (16, 0)
+
+
+def test_an_unknown_tag_is_shortened_in_its_warning(zctx: Any, publishers: Publishers) -> None:
+    pub = publishers("a")
+    session, found = _watch(zctx, pub)
+    with session:
+        _send_all(session, pub, [_batch({"type": "X" * 1_000_000})])
+    assert [f.kind for f in found] == ["unknown-event"]
+    assert len(found[0].message) < 300  # was the whole megabyte, in every warning
+    assert found[0].details["type"] == "X" * 64
