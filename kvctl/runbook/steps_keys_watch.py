@@ -56,9 +56,13 @@ def keys_live(params: KeysLiveParams, ctx: RunContext) -> list[CheckResult]:
     if not params.endpoints:
         raise ConfigError("keys-live: no endpoints",
                           "list the engines' KV-event endpoints under 'endpoints'")
-    if params.duration_s <= 0:
-        raise ConfigError(f"keys-live: duration_s {params.duration_s:g} is not positive",
-                          "watch for some seconds, e.g. duration_s: 30")
+    if not 0 < params.duration_s < float("inf"):  # .inf in YAML: a check that never ends
+        raise ConfigError(f"keys-live: duration_s {params.duration_s:g} is not a positive "
+                          "number of seconds", "watch for some seconds, e.g. duration_s: 30")
+    for name, value in (("max_events", params.max_events), ("window_s", params.window_s)):
+        if value is not None and not value > 0:
+            raise ConfigError(f"keys-live: {name} {value:g} is not positive",
+                              f"give {name} above 0, or leave it out")
     settings = ctx.settings(KeysSettings)
     settings = dataclasses.replace(
         settings, profile=params.profile or settings.profile,

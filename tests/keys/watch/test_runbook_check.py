@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,3 +53,24 @@ steps:
     assert agreement.verdict is Verdict.FAIL
     assert agreement.hint is not None
     assert "pool" in " ".join(rows)
+
+
+def test_an_endless_or_empty_bound_is_a_config_error(tmp_path: Path) -> None:
+    # duration_s: .inf made a runbook check that never ends
+    for bound, why in (("duration_s: .inf", "duration_s inf is not a positive number"),
+                       ("max_events: 0", "max_events 0 is not positive"),
+                       ("window_s: -1", "window_s -1 is not positive")):
+        book = tmp_path / "book.yaml"
+        book.write_text(f"""
+name: live
+steps:
+  - check: keys-live
+    endpoints: ["a=tcp://127.0.0.1:9"]
+    profile: vllm:sha256_cbor
+    {bound}
+""")
+        started = time.monotonic()
+        report = run_runbook(load_runbook(book), workdir=tmp_path)
+        assert time.monotonic() - started < 10
+        text = " ".join(f"{r.measured} {r.hint}" for r in report.results)
+        assert why in text, [dataclasses.asdict(r) for r in report.results]
