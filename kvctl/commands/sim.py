@@ -30,6 +30,7 @@ from kvctl.sim.trace import (
 from kvctl.sim.trace_cost import TraceCost, apply_cost, cost_model
 from kvctl.store.embedded import resolve_master
 from kvctl.store.settings import StoreSettings
+from kvctl.wording import plural
 
 app = typer.Typer(help="Simulators: what a shared KV pool saves.\n\n"
                   "'sim pool' replays a synthetic chat workload, 'sim trace' a recorded "
@@ -421,8 +422,9 @@ def _share(value: float) -> str:
 def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> None:
     s = replay.summary
     out.print(
-        f"Trace {s.path} ({s.format}, {s.block_tokens} tokens per id): {s.requests:,} "
-        f"requests over {s.duration_s:,.0f} s ({s.arrival_rate_per_s:.2f}/s); mean input "
+        f"Trace {s.path} ({s.format}, {s.block_tokens} tokens per id): "
+        f"{plural(s.requests, 'request')} over {s.duration_s:,.0f} s "
+        f"({s.arrival_rate_per_s:.2f}/s); mean input "
         f"{s.input_tokens_mean:,.0f} tokens, mean output {s.output_tokens_mean:,.0f}; "
         f"ideal prefix hit ratio {_share(s.ideal_hit_ratio)} (one unbounded cache)"
     )
@@ -456,7 +458,7 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
         if idle and r.instances > 1:
             why = ("prefix-aware routing follows a prefix every request shares; see "
                    "docs/traffic.md" if r.routing is TraceRouting.PREFIX_AWARE else
-                   f"{sum(i.requests for i in r.per_instance):,} requests, routed "
+                   f"{plural(sum(i.requests for i in r.per_instance), 'request')}, routed "
                    f"{r.routing.value}")
             out.print(f"Note: {r.label} sent no request to {len(idle)} of {r.instances} "
                       f"instances ({why}).")
