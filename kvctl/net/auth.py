@@ -50,13 +50,26 @@ def respond(token: str, nonce: bytes, context: bytes) -> bytes:
     return hmac.new(secret(token), context + b"\0" + nonce, hashlib.sha256).digest()
 
 
-def server_proof(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes
-                 ) -> bytes:
+def transcript(*messages: bytes | bytearray | memoryview) -> bytes:
+    """A digest of a handshake's messages as sent (each length-prefixed, so no two
+    sequences of messages share a digest): passed to :func:`server_proof` and
+    :func:`session_key`, it binds every field of the greeting, the login and the login
+    reply, so a relay that rewrites any of them (a reply's namespace) breaks the proof."""
+    h = hashlib.sha256(b"kvctl-transcript/1")
+    for message in messages:
+        h.update(len(message).to_bytes(8, "little"))
+        h.update(message)
+    return h.digest()
+
+
+def server_proof(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes,
+                 transcript: bytes = b"") -> bytes:
     """The server's half of mutual authentication: it knows ``token`` too. Bound to both
-    nonces of this handshake, and in another domain than :func:`respond`, so neither a
-    client's answer nor an old proof can stand in for it."""
-    return hmac.new(secret(token), context + b"\0server\0" + server_nonce + client_nonce,
-                    hashlib.sha256).digest()
+    nonces of this handshake (and to ``transcript``, a :func:`transcript` of the messages
+    around them, where the protocol has one), and in another domain than :func:`respond`,
+    so neither a client's answer nor an old proof can stand in for it."""
+    return hmac.new(secret(token), context + b"\0server\0" + server_nonce + client_nonce
+                    + transcript, hashlib.sha256).digest()
 
 
 def check_response(token: str, nonce: bytes, context: bytes, answer: bytes) -> bool:
@@ -122,12 +135,13 @@ def _request_mac(token: str, method: str, path: str, body: bytes, timestamp: str
 FRAME_MAC_BYTES = 16
 
 
-def session_key(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes
-                ) -> bytes:
-    """The key of one authenticated connection: bound to the token and to both nonces of
-    its handshake, in a domain of its own (no answer or proof is ever equal to it)."""
-    return hmac.new(secret(token), context + b"\0session\0" + server_nonce + client_nonce,
-                    hashlib.sha256).digest()
+def session_key(token: str, server_nonce: bytes, client_nonce: bytes, context: bytes,
+                transcript: bytes = b"") -> bytes:
+    """The key of one authenticated connection: bound to the token, to both nonces of its
+    handshake and to its ``transcript`` (see :func:`server_proof`), in a domain of its own
+    (no answer or proof is ever equal to it)."""
+    return hmac.new(secret(token), context + b"\0session\0" + server_nonce + client_nonce
+                    + transcript, hashlib.sha256).digest()
 
 
 class FrameMac:

@@ -470,6 +470,10 @@ class Hello(Struct, frozen=True, tag="hello"):
     #: this master takes :class:`SharedBad` (an older one would answer it, a message that
     #: gets no reply, and the connection would be out of step)
     shared_reports: bool = False
+    #: 1: this master's login proof and session key cover the greeting, the login and the
+    #: login reply as sent (:func:`login_transcript`); 0 (a master before issue 27.5): only
+    #: the two nonces, so a relay could rewrite the reply's namespace. Clients refuse 0.
+    login_binding: int = 0
 
 
 class Ok(Struct, frozen=True, tag="ok"):
@@ -608,6 +612,19 @@ def check_key(key: str) -> ErrorInfo | None:
         return ErrorInfo(code="bad_request", cause=f"key {key!r} has unprintable characters",
                          hint="use printable keys")
     return None
+
+
+#: The :attr:`Hello.login_binding` this version speaks (and requires).
+LOGIN_BINDING: Final = 1
+
+
+def login_transcript(hello: bytes | bytearray | memoryview,
+                     login: bytes | bytearray | memoryview, reply: Ok) -> bytes:
+    """What a login's proof and session key are bound to (issue 27.5): the greeting's and
+    the login's payloads as sent, and every field of the login reply but its proof (the
+    namespace), so a relay that rewrites any of them makes the client refuse the master."""
+    return auth.transcript(hello, login,
+                           msgspec.msgpack.encode(msgspec.structs.replace(reply, proof=b"")))
 
 
 class MacError(FrameError):

@@ -204,7 +204,7 @@ class MasterConnection:
         #: the master takes reports of bad shared-tier files (:class:`protocol.SharedBad`).
         self.shared_reports = False
         try:
-            hello = self._recv()
+            hello_payload, hello = self._recv_raw()
             if not isinstance(hello, p.Hello):
                 raise ProtocolError(f"store master at {address} did not greet",
                                     "check that the address is a kvctl store master")
@@ -220,23 +220,37 @@ class MasterConnection:
                 if not token:
                     raise StoreAuthError(f"store master at {address} requires a token",
                                          "set KVCTL_TOKEN (or --token) to the master's token")
+                if hello.login_binding != p.LOGIN_BINDING:
+                    # Refused, never downgraded: a master whose login reply is not
+                    # authenticated lets a relay choose this connection's namespace.
+                    raise StoreAuthError(
+                        f"store master at {address} does not authenticate its login reply "
+                        f"(login binding {hello.login_binding}, this client needs "
+                        f"{p.LOGIN_BINDING})", "upgrade the master to this kvctl version "
+                        "(or something between the hosts rewrote its greeting)")
                 challenge = auth.new_nonce()
-                self._codec.send(self._sock, p.Login(
+                login = msgspec.msgpack.encode(p.Login(
                     answer=auth.respond(token, hello.nonce, p.AUTH_CONTEXT),
                     client_nonce=challenge))
+                self._codec.frames.send(self._sock, p.PROTOCOL_VERSION, login)
                 reply = self._recv()
                 if isinstance(reply, p.Fail):
                     raise error_from(reply.error)
-                expected = auth.server_proof(token, hello.nonce, challenge, p.AUTH_CONTEXT)
+                bound = (p.login_transcript(hello_payload, login, reply)
+                         if isinstance(reply, p.Ok) else b"")
+                expected = auth.server_proof(token, hello.nonce, challenge, p.AUTH_CONTEXT,
+                                             bound)
                 if not isinstance(reply, p.Ok) or not hmac.compare_digest(reply.proof,
                                                                           expected):
                     raise StoreAuthError(
-                        f"store master at {address} did not prove that it knows the token",
+                        f"store master at {address} did not prove that it knows the token "
+                        "for this greeting, login and reply",
                         "this is not the master you meant (check --master and the discovery "
-                        "file), or it runs another kvctl version")
+                        "file), something between the hosts rewrote the login (a relay), or "
+                        "the master runs another kvctl version")
                 self.namespace = reply.namespace
                 self._codec.mac = auth.FrameMac(auth.session_key(
-                    token, hello.nonce, challenge, p.AUTH_CONTEXT), client=True)
+                    token, hello.nonce, challenge, p.AUTH_CONTEXT, bound), client=True)
             elif token:
                 # This side has a token, the master asks for none: either a misconfigured
                 # cluster or not the master we mean; never hand it our data.
@@ -247,9 +261,17 @@ class MasterConnection:
             self._sock.close()
             raise
 
-    def _recv(self) -> p.Reply:
+    def _recv_raw(self) -> tuple[bytes, p.Reply]:
+        """A reply and its payload as received (the greeting's, for the login transcript)."""
+        kept: list[bytes] = []
+        reply = self._recv(kept)
+        return kept[0], reply
+
+    def _recv(self, kept: list[bytes] | None = None) -> p.Reply:
         try:
             frame = self._reader.recv()
+            if kept is not None:
+                kept.append(bytes(frame.payload))
             reply = self._codec.decode_reply(frame.payload)
         except ConnectionClosedError as exc:
             raise StoreUnavailableError(f"store master at {self.address} closed the "

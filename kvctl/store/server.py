@@ -222,11 +222,12 @@ class MasterServer:
         """Greet and authenticate; the connection's namespace (``""``: everything), or
         ``None`` when the login failed."""
         nonce = auth.new_nonce() if self._token else b""
-        codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=self._token is not None,
-                                 nonce=nonce, max_frame_bytes=self._max_frame,
-                                 instance=self.core.instance,
-                                 attached_bytes=self.attached_bytes if self._hold else 0,
-                                 shared_reports=True))
+        hello = msgspec.msgpack.encode(p.Hello(
+            version=p.PROTOCOL_VERSION, auth=self._token is not None, nonce=nonce,
+            max_frame_bytes=self._max_frame, instance=self.core.instance,
+            attached_bytes=self.attached_bytes if self._hold else 0, shared_reports=True,
+            login_binding=p.LOGIN_BINDING))
+        codec.frames.send(conn, p.PROTOCOL_VERSION, hello)  # as sent: the transcript's
         if self._token is None:
             return ""
         frame = reader.recv()
@@ -242,11 +243,16 @@ class MasterServer:
             # A login without the client's challenge is refused: the session's MACs are
             # keyed by both nonces, and a relay that stripped it would get a session
             # without them.
+            # The proof and the session key cover the greeting, the login and the reply
+            # as this side sent and got them (issue 27.5: a relay rewrote the reply's
+            # namespace, "" to a tenant's, and an admin's puts landed in that tenant).
             namespace, proved = found
-            proof = auth.server_proof(proved, nonce, msg.client_nonce, p.AUTH_CONTEXT)
-            codec.send(conn, p.Ok(namespace=namespace, proof=proof))
+            reply = p.Ok(namespace=namespace)
+            bound = p.login_transcript(hello, frame.payload, reply)
+            proof = auth.server_proof(proved, nonce, msg.client_nonce, p.AUTH_CONTEXT, bound)
+            codec.send(conn, msgspec.structs.replace(reply, proof=proof))
             codec.mac = auth.FrameMac(auth.session_key(proved, nonce, msg.client_nonce,
-                                                       p.AUTH_CONTEXT), client=False)
+                                                       p.AUTH_CONTEXT, bound), client=False)
             return namespace
         codec.send(conn, p.Fail(error=p.ErrorInfo(
             code="unauthorized", cause="store master refused the token",

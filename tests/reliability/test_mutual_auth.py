@@ -49,7 +49,8 @@ class FakeMaster:
         nonce = auth.new_nonce()
         try:
             codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=True, nonce=nonce,
-                                     max_frame_bytes=p.DEFAULT_MAX_FRAME_BYTES))
+                                     max_frame_bytes=p.DEFAULT_MAX_FRAME_BYTES,
+                                     login_binding=p.LOGIN_BINDING))
             login = codec.decode_request(codec.frames.recv(conn).payload)
             assert isinstance(login, p.Login)
             self.logins += 1

@@ -10,6 +10,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from kvctl.net import auth
@@ -45,14 +46,18 @@ class _Raw:
         self.sock = socket.create_connection((host, int(port)), timeout=5)
         self.codec = p.Codec()
         self.reader = FrameReader(self.sock, self.codec.frames)
-        hello = self.codec.decode_reply(self.reader.recv().payload)
+        hello_payload = self.reader.recv().payload
+        hello = self.codec.decode_reply(hello_payload)
         assert isinstance(hello, p.Hello)
         mine = auth.new_nonce() if client_nonce is None else client_nonce
-        self.codec.send(self.sock, p.Login(answer=auth.respond(token, hello.nonce,
-                                                               p.AUTH_CONTEXT),
-                                           client_nonce=mine))
+        login = msgspec.msgpack.encode(p.Login(answer=auth.respond(token, hello.nonce,
+                                                                   p.AUTH_CONTEXT),
+                                               client_nonce=mine))
+        self.codec.frames.send(self.sock, p.PROTOCOL_VERSION, login)
         self.reply = self.codec.decode_reply(self.reader.recv().payload)
-        self.key = auth.session_key(token, hello.nonce, mine, p.AUTH_CONTEXT)
+        bound = (p.login_transcript(hello_payload, login, self.reply)
+                 if isinstance(self.reply, p.Ok) else b"")
+        self.key = auth.session_key(token, hello.nonce, mine, p.AUTH_CONTEXT, bound)
 
     def closed(self) -> bool:
         self.sock.settimeout(5)
@@ -112,13 +117,17 @@ def test_a_forged_reply_is_refused_by_the_client() -> None:
         reader = FrameReader(conn, codec.frames)
         nonce = auth.new_nonce()
         with conn:
-            codec.send(conn, p.Hello(version=p.PROTOCOL_VERSION, auth=True, nonce=nonce,
-                                     max_frame_bytes=p.DEFAULT_MAX_FRAME_BYTES))
-            login = codec.decode_request(reader.recv().payload)
+            hello = msgspec.msgpack.encode(p.Hello(
+                version=p.PROTOCOL_VERSION, auth=True, nonce=nonce,
+                max_frame_bytes=p.DEFAULT_MAX_FRAME_BYTES, login_binding=p.LOGIN_BINDING))
+            codec.frames.send(conn, p.PROTOCOL_VERSION, hello)
+            payload = reader.recv().payload
+            login = codec.decode_request(payload)
             assert isinstance(login, p.Login)
             # It knows the token (a real master's answer, relayed), so the proof passes...
+            bound = p.login_transcript(hello, payload, p.Ok())
             codec.send(conn, p.Ok(proof=auth.server_proof(TOKEN, nonce, login.client_nonce,
-                                                          p.AUTH_CONTEXT)))
+                                                          p.AUTH_CONTEXT, bound)))
             reader.recv()
             codec.send(conn, p.Bools(values=[True]))  # ...but this reply is unsealed
             with contextlib.suppress(OSError):
