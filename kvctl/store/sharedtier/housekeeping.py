@@ -198,7 +198,7 @@ class SharedState:
             self.full_until = now + self.config.full_retry_s
 
     def count_error(self, name: str, text: str) -> None:
-        key = name if name in COUNTED_ERRNOS else "other"
+        key = name if name in COUNTED_ERRNOS or name == "unmounted" else "other"
         self.errors[key] = self.errors.get(key, 0) + 1
         self.last_error = text
 

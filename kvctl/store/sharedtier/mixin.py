@@ -330,6 +330,11 @@ class SharedTierMixin(SharedPacks):
         if taken:
             reports.start(self)
 
+    def _shared_root(self) -> Path:
+        """The tier's root as the master sees it (a shared tier is set)."""
+        assert self._shared is not None
+        return self._shared.config.root
+
     def _shared_check_wanted(self, obj: Obj) -> bool:
         """Whether a queued report's file is still the one the index names (lock held)."""
         return self._index.holds(obj) and bool(obj.shared)

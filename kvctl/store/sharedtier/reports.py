@@ -15,7 +15,11 @@ later get would pay the miss again. The master trusts no client:
 - only a file that is missing, not a regular file, or fails the check loses its index
   entry (a state change: journal or etcd), and it is deleted once that change is durable
   (:func:`~kvctl.store.sharedtier.housekeeping.housekeeping`). A read the file system
-  fails (``EIO``, ``ESTALE``) proves nothing: it is counted, and the entry stays.
+  fails (``EIO``, ``ESTALE``) proves nothing: it is counted, and the entry stays;
+- a file is *missing* only from a mounted tier: one missing while the tier's root lacks
+  its marker file (the bare mount point an unmounted NFS or 3FS leaves, :func:`tier_away`)
+  is counted as ``unmounted`` and keeps its entry, so the read is a miss until the tier
+  is back, never a loss.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import xxhash
 
 from kvctl.store.checksum import ALGORITHM
 from kvctl.store.master.records import Obj
+from kvctl.store.sharedtier.config import TIER_MARKER
 from kvctl.store.sharedtier.fileformat import (
     FORMAT,
     HEADER,
@@ -67,6 +72,9 @@ VERIFY_BYTES_PER_S = 256 << 20
 WHOLE_READ_MAX = 64 << 20
 #: Bytes one read of a large object's check takes.
 CHUNK = 4 << 20
+#: What a reported file missing from a tier that is not mounted (its root without its
+#: marker) is counted as in the tier's errors: not bad, the entry stays.
+UNMOUNTED = "unmounted"
 
 
 def verify(path: Path, key: str, version: int, size: int, csum: int, at: int = -1
@@ -145,6 +153,32 @@ def _verify_in_chunks(path: Path, key: str, version: int, size: int, csum: int
     return None
 
 
+def tier_away(root: Path, path: Path) -> str | None:
+    """Why a file found missing at ``path`` proves nothing (``None``: it is missing from
+    the tier itself, so bad).
+
+    A distributed file system unmounted for a moment (an NFS or 3FS hiccup) leaves its
+    bare mount point: every file is "missing" although none is gone. As the write path
+    does (:func:`~kvctl.store.sharedtier.fileformat.write_object`), the tier is taken for
+    the tier only while its root holds :data:`~kvctl.store.sharedtier.config.TIER_MARKER`;
+    the marker is looked at after the file was found missing, and the file once more
+    after that, so a mount that came back between the two reads is not a loss either.
+    """
+    try:
+        os.lstat(root / TIER_MARKER)
+    except FileNotFoundError:
+        return f"the tier is not mounted ({TIER_MARKER} missing from {root})"
+    except OSError as exc:
+        return f"the tier's root {root} cannot be read ({exc.strerror or exc})"
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"the file cannot be looked up ({exc.strerror or exc})"
+    return "the file is back (the tier was remounted meanwhile)"
+
+
 def _special(mode: int) -> bool:
     """Not a regular file (a link, FIFO, device or directory planted at the name)."""
     return not stat.S_ISREG(mode)
@@ -166,6 +200,8 @@ class BadFileReports:
         self.reports = 0
         self.dropped = 0
         self.bad = 0
+        #: reported files found missing while the tier was not mounted (entries kept)
+        self.unavailable = 0
         self.verify_bytes_per_s = verify_bytes_per_s
         self._wake = threading.Event()
         self._stop = False
@@ -247,11 +283,19 @@ class BadFileReports:
                 core._shared_check_failed(errno_name(exc),
                                           f"check of a reported file {path}: {exc}")
             return
+        away = None
+        if found is not None and found[0] == "ENOENT":
+            away = tier_away(core._shared_root(), path)
         with core._lock:
             if core._shared_at(obj) != at or core._shared_file(obj) != str(path):
                 return  # its copy moved meanwhile (dropped, written to another pack)
             if found is None:
                 self.was_good(obj, core._clock())
+                return
+            if away is not None:
+                self.unavailable += 1
+                core._shared_check_failed(UNMOUNTED, f"check of a reported file {path}: "
+                                          f"{away}: the entry stays")
                 return
             core._shared_bad(obj, *found)
 
