@@ -13,6 +13,7 @@ reported dead (and retried by ZeroMQ meanwhile), never a crash.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any
@@ -22,6 +23,11 @@ from kvctl.keys.watch.wire import END_SEQ, decode_seq, encode_seq
 
 #: Messages queued per subscription before ZeroMQ drops (vLLM's PUB default hwm).
 RCV_HWM = 100_000
+#: Largest message frame taken in: ZeroMQ drops the connection of a peer that sends a
+#: larger one (and the watch connects again). With ``RCV_HWM`` it bounds what a
+#: subscription can queue. A vLLM batch is one scheduler step's events, its tokens at most
+#: ``max_num_batched_tokens``: well under 1 MiB.
+MAX_MESSAGE_BYTES = 16 * 2**20
 #: Most messages one replay asks for: vLLM's replay buffer (``buffer_steps``) holds 10,000,
 #: so a longer gap asks for its last 10,000 only, and a replay endpoint that sends more than
 #: that many past the ones asked for is cut off.
@@ -127,6 +133,7 @@ class Subscriber:
         self.replay_timeout_s = replay_timeout_s
         self.poller = zmq.Poller()
         self.subs: dict[Any, str] = {}
+        self.by_name: dict[str, Any] = {}
         self.monitors: dict[Any, str] = {}
         self.state: dict[str, str] = {}
         self.ever_connected: dict[str, bool] = {}
@@ -146,9 +153,11 @@ class Subscriber:
         # Bounded like vLLM's own PUB (hwm 100,000): a watch that falls behind loses
         # messages there, sees the gap and fills it from the replay endpoint.
         sock.setsockopt(zmq.RCVHWM, RCV_HWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.LINGER, 0)
         monitor = sock.get_monitor_socket()
         self.subs[sock] = e.name
+        self.by_name[e.name] = sock
         self.monitors[monitor] = e.name
         self.poller.register(sock, zmq.POLLIN)
         self.poller.register(monitor, zmq.POLLIN)
@@ -208,6 +217,20 @@ class Subscriber:
                               "retrying)")
             elif kind == zmq.EVENT_DISCONNECTED:
                 self._set(name, "dead: the publisher went away (ZeroMQ keeps retrying)")
+                self._reconnect(name)
+
+    def _reconnect(self, name: str) -> None:
+        """Connect again after a disconnection: ZeroMQ retries by itself when the peer went
+        away, but not after a protocol error (a message over :data:`MAX_MESSAGE_BYTES`).
+        A bound endpoint waits for the engine, which connects again by itself."""
+        e = self.endpoints[name]
+        if e.bind:
+            return
+        sock = self.by_name[name]
+        # the endpoint may be gone with its session: connect anew either way
+        with contextlib.suppress(self._zmq.ZMQError):
+            sock.disconnect(e.url)
+        sock.connect(e.url)
 
     def _set(self, name: str, state: str) -> None:
         if self.state.get(name) != state:
@@ -234,6 +257,7 @@ class Subscriber:
         wanted = MAX_REPLAY if upto is None else upto - first
         sock = self.ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         got: list[tuple[int, bytes]] = []
         try:
             sock.connect(url)
@@ -267,6 +291,7 @@ class Subscriber:
         for monitor in list(self.monitors):
             monitor.close(0)
         self.subs.clear()
+        self.by_name.clear()
         self.monitors.clear()
         if self._own:
             self.ctx.term()

@@ -325,3 +325,26 @@ def test_an_unknown_tag_is_shortened_in_its_warning(zctx: Any, publishers: Publi
     assert [f.kind for f in found] == ["unknown-event"]
     assert len(found[0].message) < 300  # was the whole megabyte, in every warning
     assert found[0].details["type"] == "X" * 64
+
+
+def test_a_message_over_the_bound_is_never_taken_in_and_the_watch_reconnects(
+        zctx: Any, publishers: Publishers) -> None:
+    from kvctl.keys.watch.source import MAX_MESSAGE_BYTES
+
+    pub = publishers("a")
+    session, _ = _watch(zctx, pub)
+    with session:
+        big = MAX_MESSAGE_BYTES // 4  # tokens of 5 bytes each in msgpack
+        pub.send_raw([b"", _seq(0), _batch(_stored(token_ids=[2**31] * big, block_size=big))])
+        # ZeroMQ drops the connection without retrying; the watch connects again: publish
+        # until a message arrives
+        deadline = time.monotonic() + 20
+        seq = 1
+        while session.checker.expected_seq("a") is None:
+            assert time.monotonic() < deadline, session.summary()
+            pub.send_raw([b"", _seq(seq), _batch(_stored(block_hashes=[seq]))])
+            seq += 1
+            session.step(0.05)
+        s = session.checker.stats("a")
+        assert s.gaps == 1  # message 0, the big one, never came in
+        assert s.gap_batches_lost >= 1
