@@ -14,7 +14,8 @@ With a token both sides prove they know it (a client checks the proof and refuse
 that cannot give it), and every frame then carries a 16-byte MAC
 (:class:`kvctl.net.auth.FrameMac`, keyed by :func:`kvctl.net.auth.session_key` over both
 nonces) right after its control part: after a request's entries (a NOTIFY's: after its
-body) and after a response's header. A relay that passed a real handshake through cannot
+body) and after a response's header, covering an error response's text as well (it
+follows the MAC). A relay that passed a real handshake through cannot
 inject, alter, replay or reorder frames. Bulk data (WRITE and READ payload) is not covered.
 
 Then requests, each answered by one response, in order::

@@ -387,7 +387,11 @@ class TargetServer:
                index: int = p.NO_INDEX, message: str = "") -> None:
         body = message.encode()[:4096]
         head = p.HEADER.pack(p.FrameType.RESP, status, 0, tag, index, len(body))
-        send_views(conn, [head, mac.seal(head), body] if mac is not None else [head, body])
+        # The MAC covers an error reply's text too (issue 27.6: a relay rewrote it); an OK
+        # reply's payload (a READ's data) stays outside it, as the protocol says.
+        sealed = body if status != p.WireStatus.OK else b""
+        send_views(conn, [head, mac.seal(head, sealed), body] if mac is not None
+                   else [head, body])
 
 
 def _check_mac(conn: socket.socket, mac: auth.FrameMac, tail: bytearray,

@@ -105,12 +105,27 @@ def _sealed(sock: socket.socket, control: bytes, *more: bytes) -> list[bytes]:
     return [control, *more] if mac is None else [control, *more, mac.seal(control, *more)]
 
 
-def _check_reply_mac(sock: socket.socket, head: bytes | bytearray) -> None:
+#: The longest error text a reply may carry (the target sends at most 4 KiB).
+_MAX_ERROR_TEXT = 65536
+
+
+def _check_reply_mac(sock: socket.socket, head: bytes | bytearray) -> bytes:
+    """Check a reply's MAC; returns its error text (``b""`` for an OK reply, whose payload,
+    a READ's data, the caller reads). The error text is under the MAC (issue 27.6: a relay
+    could rewrite it), so it is read here, between the MAC and its check."""
+    ftype, status, _, _, _, payload = p.HEADER.unpack(head)
     mac = _mac_of(sock)
-    if mac is not None and not mac.check(recv_exact(sock, auth.FRAME_MAC_BYTES), head):
+    tail = recv_exact(sock, auth.FRAME_MAC_BYTES) if mac is not None else b""
+    text = b""
+    if ftype == p.FrameType.RESP and status != p.WireStatus.OK:
+        if payload > _MAX_ERROR_TEXT:
+            raise FrameError(f"error reply of {payload} bytes", None)
+        text = bytes(recv_exact(sock, payload))
+    if mac is not None and not mac.check(tail, head, text):
         raise FrameError("a reply failed its MAC check (altered, injected or replayed on the "
                          "way)", "the connection is closed and the request retried; if it "
                          "repeats, something between the hosts rewrites traffic")
+    return text
 
 
 def open_connection(host: str, port: int, *, token: str | None, local_address: str | None,
@@ -474,15 +489,13 @@ class _Peer:
             poller.recv_exact_into(sock, memoryview(head))
         else:
             recv_exact_into(sock, memoryview(head))
-        _check_reply_mac(sock, head)
+        text = _check_reply_mac(sock, head)
         ftype, status, _, rtag, index, payload = p.HEADER.unpack(head)
         if ftype != p.FrameType.RESP or rtag != tag:
             raise FrameError(f"unexpected reply (type {ftype}, tag {rtag}, expected {tag})",
                              "the connection is out of sync; it is reopened")
         if status != p.WireStatus.OK:
-            if payload > 65536:
-                raise FrameError(f"error reply of {payload} bytes", None)
-            message = recv_exact(sock, payload).decode("utf-8", "replace")
+            message = text.decode("utf-8", "replace")
             where = "" if index == p.NO_INDEX else f" (entry {index})"
             raise _RemoteError(f"target {self.addresses[0]} refused{where}: {message} "
                                f"[{p.WireStatus(status).name}]",
@@ -541,9 +554,9 @@ class _Peer:
                     send_views(sock, _sealed(sock, p.HEADER.pack(p.FrameType.NOTIFY, 0, 0, 1, 0,
                                                                   len(body)), body))
                     head = recv_exact(sock, p.HEADER.size)
-                    _check_reply_mac(sock, head)
+                    _check_reply_mac(sock, head)  # reads an error reply's text
                     ftype, status, _, _, _, payload = p.HEADER.unpack(head)
-                    if payload:
+                    if payload and status == p.WireStatus.OK:
                         recv_exact(sock, min(payload, 65536))
                     if ftype != p.FrameType.RESP or status != p.WireStatus.OK:
                         raise FrameError(f"target refused the notification (status {status})",
