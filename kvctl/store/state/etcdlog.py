@@ -55,6 +55,9 @@ _log = logging.getLogger("kvctl.store.state")
 LOG = "log/"
 SNAPSHOTS = "snapshots/"
 MANIFEST = "manifest"
+#: The watermark: the last log batch's sequence number and the highest etcd revision its
+#: writer had seen, put in every log batch's transaction (see :func:`watermark`).
+WATERMARK = "watermark"
 #: The one-key-per-record layout of earlier versions (still loaded): prefix, record kind.
 OLD_LAYOUT: tuple[tuple[str, type[NodeRecord] | type[ObjectRecord]], ...] = (
     ("nodes/", NodeRecord), ("objects/", ObjectRecord))
@@ -100,6 +103,28 @@ def pack(entries: Sequence[bytes]) -> bytes:
     else:
         head = b"\xdd" + n.to_bytes(4, "big")
     return zlib.compress(head + b"".join(entries), 1)
+
+
+def watermark(seq: int, revision: int) -> bytes:
+    """The watermark's value after log batch ``seq`` written with etcd at ``revision``."""
+    return msgspec.msgpack.encode([seq, revision])
+
+
+def read_watermark(value: bytes) -> tuple[int, int] | None:
+    """``(seq, revision)`` of a watermark's value, or ``None`` when it is not one."""
+    try:
+        seq, revision = msgspec.msgpack.decode(value, type=tuple[int, int])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return seq, revision
+
+
+def _key_seq(prefix: str, key: str) -> int:
+    """The sequence number of log batch ``key`` (0: not one)."""
+    try:
+        return int(key[len(prefix + LOG):].split(".", 1)[0], 16)
+    except ValueError:
+        return 0
 
 
 class _Unpacker:
@@ -225,6 +250,8 @@ class LogReader:
         old_left: keys of the old layout are left beside a snapshot (a master stopped
             while deleting them; they are not loaded).
         log_batches, log_changes: log batches read and the changes in them.
+        last_seq: the highest sequence number in the state (the snapshot's or a log
+            batch's, or the watermark's): a master's next batch must come after it.
     """
 
     def __init__(self, loader: EtcdMetadata, prefix: str, *, description: str,
@@ -239,6 +266,8 @@ class LogReader:
         self.old_left = False
         self.log_batches = 0
         self.log_changes = 0
+        self.last_seq = 0
+        self._mark: tuple[int, int] | None = None
 
     def entries(self) -> Iterator[JournalEntry]:
         """Raises:
@@ -249,6 +278,7 @@ class LogReader:
         except MetadataError as exc:
             raise _unavailable(self._description, manifest_key, exc) from exc
         self.revision = page.revision
+        self._read_watermark()
         for key, value in page.entries:
             if key == manifest_key:
                 try:
@@ -269,6 +299,40 @@ class LogReader:
             yield from self._old_layout()
             first = 0
         yield from self._log(first)
+        self._check_watermark()
+
+    def _read_watermark(self) -> None:
+        key = self._prefix + WATERMARK
+        try:
+            page = self._loader.list_page(key, limit=1, revision=self.revision)
+        except MetadataError as exc:
+            raise _unavailable(self._description, key, exc) from exc
+        for name, value in page.entries:
+            if name == key:
+                self._mark = read_watermark(value)
+                if self._mark is None:
+                    raise self._unreadable(key)
+
+    def _check_watermark(self) -> None:
+        """The watermark says which log batch was written last and the revision etcd was
+        at: a log that ends before that batch, or etcd at a lower revision, lost changes a
+        master acknowledged (etcd restored from an older backup, in part, or keys
+        deleted). Loading on would make that loss silent and permanent, so it stops."""
+        if self.manifest is not None:
+            self.last_seq = max(self.last_seq, self.manifest.gen)
+        if self._mark is None:
+            return
+        seq, revision = self._mark
+        if revision > self.revision or seq > self.last_seq:
+            raise StoreUnavailableError(
+                f"master state {self._description}: the watermark says log batch "
+                f"{seq:024x} was written at etcd revision {revision}, but the log ends at "
+                f"{self.last_seq:024x} and etcd is at revision {self.revision}: etcd lost "
+                "changes a master acknowledged (restored from an older backup?)",
+                "restore etcd under the running master that wrote them (it re-writes "
+                "what it holds), or from a newer backup; see docs/store.md (Restoring "
+                "etcd); delete the watermark key only to accept the loss")
+        self.last_seq = max(self.last_seq, seq)
 
     def _refuse_a_lost_manifest(self) -> None:
         """A snapshot's chunks with neither a manifest nor anything older beside them (no
@@ -353,6 +417,7 @@ class LogReader:
             if unpacked is None:
                 raise self._unreadable(key)
             records, mixed = unpacked
+            self.last_seq = max(self.last_seq, _key_seq(self._prefix, key))
             self.log_batches += 1
             self.log_changes += len(records)
             if mixed:

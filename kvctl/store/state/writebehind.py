@@ -51,6 +51,7 @@ from kvctl.store.state.base import (
 from kvctl.store.state.etcdlog import (
     CHUNK_BYTES,
     OLD_LAYOUT,
+    WATERMARK,
     EtcdSnapshot,
     LogReader,
     delete_entry,
@@ -58,7 +59,9 @@ from kvctl.store.state.etcdlog import (
     log_key,
     pack,
     per_key_records,
+    read_watermark,
     too_large,
+    watermark,
 )
 
 if TYPE_CHECKING:
@@ -72,6 +75,8 @@ FAIL_FAST_S = 1.0
 SNAPSHOT_RETRY_S = 30.0
 #: Fewest bytes of records in a batch or snapshot chunk that etcd refused as too large.
 MIN_TXN_BYTES = 16 << 10
+#: Seconds a writer with nothing to write waits before it checks etcd's revision again.
+REVISION_CHECK_S = 1.0
 #: One change: full key, value (``None``: delete).
 Change = tuple[str, bytes | None]
 
@@ -167,6 +172,14 @@ class MetadataState(StateBackend):
         self._snapshot_from = (0, 0)
         self._retry_at = 0.0
         self._cleanup: threading.Thread | None = None
+        #: the highest etcd revision seen (the watermark: etcd never goes below it unless
+        #: it was restored from a backup), and why etcd went back (``None``: it did not;
+        #: else the master takes no puts until it has re-written its state)
+        self._high_rev = 0
+        self.rewound: str | None = None
+        #: times etcd went back, and that count when the running snapshot began
+        self._rewinds = 0
+        self._snapshot_rewinds = 0
         self._cleanup_stop = threading.Event()
         self._threads = [threading.Thread(target=self._writer, name=f"kvctl-state-writer-{i}",
                                           daemon=True) for i in range(max(1, inflight))]
@@ -216,6 +229,8 @@ class MetadataState(StateBackend):
             loader.close()
         with self._cv:
             self._learn(reader.revision)
+            self._next_seq = max(self._next_seq or 0, reader.last_seq + 1)
+            self._high_rev = max(self._high_rev, reader.revision)
             self._log_batches, self._log_changes = reader.log_batches, reader.log_changes
             self._old_layout = reader.old_keys > 0
             self._old_left = reader.old_left
@@ -286,6 +301,8 @@ class MetadataState(StateBackend):
         return None
 
     def refusal(self) -> str | None:
+        if self.rewound is not None:
+            return f"master state {self.description} takes no puts: {self.rewound}"
         error, backlog = self._error, len(self._queue)
         if error is not None:
             return f"master state {self.description} takes no writes: {error}"
@@ -336,12 +353,20 @@ class MetadataState(StateBackend):
         delay = 0.0
         while True:
             error: str | None = None
+            idle = False
             with self._cv:
                 while not self._ready():
-                    self._cv.wait()
+                    if not self._cv.wait(REVISION_CHECK_S) and self._etcd is not None:
+                        idle = True
+                        break
                 learn = self._etcd is not None and self._next_seq is None
+            if idle:  # nothing to write: check that etcd did not go back meanwhile
+                self._check_revision()
+                continue
             if learn:  # changes to write before the state was loaded (tools, tests)
                 error = self._learn_revision()
+            if error is None and self._etcd is not None:
+                error = self._check_revision()
             with self._cv:
                 batch = self._take() if error is None else []
                 if not batch and error is None:
@@ -413,17 +438,57 @@ class MetadataState(StateBackend):
                 time.sleep(delay)
         self._tell_fenced()
 
+    def _check_revision(self) -> str | None:
+        """Check etcd's revision against the watermark before a write (and when idle): a
+        revision below the highest seen means etcd was restored from an older backup (or
+        replaced), and the log batches written since that backup are gone with it. The
+        master still holds every record: it refuses new puts, says so, and re-writes its
+        whole state as a snapshot (:meth:`snapshot_wanted`). ``None`` when etcd is
+        fine, else why this write waits."""
+        from kvctl.metadata import MetadataError
+
+        assert self._etcd is not None
+        # Compared with the watermark as it was before the request: a (linearizable) read
+        # answers at least every revision seen before it was sent, not one seen by
+        # another writer's read answered meanwhile.
+        before = self._high_rev
+        try:
+            revision = self._etcd.list_page(self._prefix + WATERMARK, limit=1).revision
+        except MetadataError as exc:
+            return exc.cause
+        with self._cv:
+            if revision >= before:
+                self._high_rev = max(self._high_rev, revision)
+                return None
+            why = (f"etcd went back from revision {before} to {revision} (restored "
+                   "from an older backup?): the changes recorded since are gone from it")
+            self._high_rev = revision  # its history goes on from here
+            if self.rewound is None:
+                _log.error("master state %s: %s; refusing new puts while this master "
+                           "re-writes every record it holds", self.description, why)
+            self.rewound = why
+            self._rewinds += 1
+            self._retry_at = 0.0
+            self._cv.notify_all()
+        return None
+
     def _learn_revision(self) -> str | None:
         """Learn etcd's revision to number log batches by; why not, when etcd failed."""
         from kvctl.metadata import MetadataError
 
         assert self._etcd is not None
         try:
-            revision = self._etcd.list_page(self._prefix + "manifest", limit=1).revision
+            page = self._etcd.list_page(self._prefix + WATERMARK, limit=1)
         except MetadataError as exc:
             return exc.cause
         with self._cv:
-            self._learn(revision)
+            self._learn(page.revision)
+            self._high_rev = max(self._high_rev, page.revision)
+            for key, value in page.entries:
+                if key == self._prefix + WATERMARK:
+                    mark = read_watermark(value)
+                    if mark is not None:
+                        self._next_seq = max(self._next_seq or 0, mark[0] + 1)
         return None
 
     def _write(self, changes: list[Change], seq: int) -> bool:
@@ -434,7 +499,8 @@ class MetadataState(StateBackend):
             entries = [value if value is not None else delete_entry(key[skip:])
                        for key, value in changes]
             return self._etcd.write_batch(
-                [(log_key(self._prefix, seq, self._instance), pack(entries))],
+                [(log_key(self._prefix, seq, self._instance), pack(entries)),
+                 (self._prefix + WATERMARK, watermark(seq, self._high_rev))],
                 guard=self._fence)
         for key, value in changes:
             if value is None:
@@ -449,7 +515,7 @@ class MetadataState(StateBackend):
         if (self._etcd is None or self._snapshot is not None or self._stop
                 or time.monotonic() < self._retry_at):
             return False
-        return (self._old_layout
+        return (self.rewound is not None or self._old_layout
                 or self._log_changes > 2 * live_objects + self._compact_min
                 or self._log_batches > live_objects // 8 + self._compact_min // 10)
 
@@ -462,6 +528,7 @@ class MetadataState(StateBackend):
             # made from now on) come after it and are replayed over it.
             gen, self._next_seq = self._next_seq, self._next_seq + 1
             self._snapshot_from = (self._log_batches, self._log_changes)
+            self._snapshot_rewinds = self._rewinds
             self._snapshot = EtcdSnapshot(self._prefix, gen, nodes, write=self._snapshot_txn,
                                           done=self._snapshot_done,
                                           chunk_bytes=self._chunk_bytes)
@@ -469,9 +536,16 @@ class MetadataState(StateBackend):
 
     def _snapshot_txn(self, changes: list[Change], delete_ranges: Sequence[tuple[str, str]]
                       ) -> bool:
+        from kvctl.metadata import MetadataError
+
         assert self._etcd is not None
         if self._stop:
             return False
+        error = self._check_revision()
+        if error is not None:
+            raise MetadataError(error)
+        if self._rewinds != self._snapshot_rewinds:  # its earlier chunks may be gone
+            raise MetadataError("etcd went back while the snapshot was written")
         if self._etcd.write_batch(changes, guard=self._fence, delete_ranges=delete_ranges):
             return True
         self._fenced_now()
@@ -482,7 +556,8 @@ class MetadataState(StateBackend):
         with self._cv:
             snapshot, self._snapshot = self._snapshot, None
             if error is not None:
-                self._retry_at = time.monotonic() + SNAPSHOT_RETRY_S
+                self._retry_at = time.monotonic() + (
+                    self.RETRY_S if self.rewound is not None else SNAPSHOT_RETRY_S)
                 if too_large(error) and self._chunk_bytes > MIN_TXN_BYTES:
                     # etcd takes smaller requests than a chunk: smaller chunks, tried
                     # again at the next tick (the same ones would be refused for good).
@@ -496,6 +571,12 @@ class MetadataState(StateBackend):
                     _log.warning("master state %s: snapshot failed (%s); trying again in "
                                  "%.0f s", self.description, error, SNAPSHOT_RETRY_S)
                 return
+            if self.rewound is not None and self._rewinds == self._snapshot_rewinds:
+                _log.warning("master state %s: every record this master holds is written "
+                             "again (snapshot %024x, after %s); taking puts again",
+                             self.description, snapshot.gen if snapshot else 0,
+                             self.rewound)
+                self.rewound = None
             batches, changes = self._snapshot_from
             self._log_batches = max(0, self._log_batches - batches)
             self._log_changes = max(0, self._log_changes - changes)
