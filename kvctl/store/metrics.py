@@ -124,8 +124,9 @@ def master_metrics(core: MasterCore) -> ServerMetrics:
         yield nodes
         objects = gauge(f"{NAMESPACE}_objects", "Committed objects by tier.", labels=["tier"])
         for tier, count in status.tiers.items():
-            objects.add_metric([tier], count)
-        if status.shared is not None and "shared" not in status.tiers:
+            if tier != "shared" or status.shared is not None:  # no tier, no tier series
+                objects.add_metric([tier], count)
+        if status.shared is not None and "shared" not in status.tiers:  # an older master
             # the index counts DRAM and SSD copies; the rest have only a shared-tier file
             objects.add_metric(["shared"], max(0, status.objects - sum(status.tiers.values())))
         yield objects
