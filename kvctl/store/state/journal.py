@@ -26,7 +26,11 @@ until then, the others find theirs done).
 A write the file system refuses (a full disk) fails the acknowledgements of the changes it
 carried, and the journal stops taking writes (:meth:`JournalState.refusal`: the master
 refuses new puts and says why) until a snapshot has been written again, tried once a
-second: a snapshot of the live state needs no journal before it.
+second: a snapshot of the live state needs no journal before it. A snapshot never takes
+the last :data:`SNAPSHOT_RESERVE_BYTES` of its file system (it is abandoned first, and
+tried again a second later): on a disk with room for records but not a snapshot the
+journal goes on taking puts, and the snapshot completes by itself once space returns.
+Segment switches happen under the same lock as the writes of acknowledgements.
 """
 
 from __future__ import annotations
@@ -61,8 +65,13 @@ _log = logging.getLogger("kvctl.store.state")
 
 _LEN = struct.Struct("<I")
 _SEGMENT = re.compile(r"^(journal|snapshot)-(\d{8})\.(log|msgpack|tmp)$")
-#: Seconds between attempts to write again after the file system refused a write.
+#: Seconds between attempts to write again after the file system refused a write (and
+#: between attempts at a snapshot that failed).
 RETRY_S = 1.0
+#: Free bytes a snapshot leaves on its file system for the journal: it is abandoned rather
+#: than written into them (a snapshot that filled the disk made the journal's appends fail,
+#: so a compaction that did not fit stopped every put).
+SNAPSHOT_RESERVE_BYTES = 256 << 10
 
 
 def _frames(path: Path) -> Iterator[JournalEntry]:
@@ -113,7 +122,8 @@ class JournalState(StateBackend):
             many records and more than twice as many as there are live objects.
     """
 
-    def __init__(self, directory: Path, *, compact_min_records: int = 50_000) -> None:
+    def __init__(self, directory: Path, *, compact_min_records: int = 50_000,
+                 snapshot_reserve_bytes: int = SNAPSHOT_RESERVE_BYTES) -> None:
         self.directory = directory
         self.description = f"journal {directory}"
         try:
@@ -122,6 +132,7 @@ class JournalState(StateBackend):
             raise UsageError(f"cannot create master state directory {directory}: {exc}",
                              "pick a writable --state directory") from exc
         self._compact_min = compact_min_records
+        self.snapshot_reserve_bytes = snapshot_reserve_bytes
         self._encoder = msgspec.msgpack.Encoder()
         self._buf = bytearray()
         self._buf_lock = threading.Lock()
@@ -250,32 +261,40 @@ class JournalState(StateBackend):
         """Write the buffered records to the OS, in order, and with ``sync`` to the disk
         (callers hold no master lock except :meth:`start_snapshot`)."""
         with self._io_lock:
-            with self._buf_lock:
-                data, self._buf = self._buf, bytearray()
-                upto = self._seq
-            if data:
-                if self._fd is None:  # stopped by a refused write: a snapshot takes them
-                    self._mark_dropped(self._synced + 1, upto)
-                    return
-                try:
-                    _write_all(self._fd, data)
-                except OSError as exc:
-                    self._fail(f"write to master journal "
-                               f"{self._segment('journal', self._gen)} failed: "
-                               f"{exc.strerror or exc}")
-                    self._mark_dropped(self._synced + 1, upto)
-                    return
-                self._written = upto
-            if not sync or self._synced >= self._written or self._fd is None:
+            self._flush_locked(sync=sync)
+
+    def _flush_locked(self, *, sync: bool = False) -> None:
+        """:meth:`_flush` with ``_io_lock`` held: the segment's descriptor changes only
+        under that lock (a switch to a new segment racing an acknowledgement's write once
+        wrote journal records through a closed descriptor, or whatever file reused its
+        number)."""
+        with self._buf_lock:
+            data, self._buf = self._buf, bytearray()
+            upto = self._seq
+        fd = self._fd
+        if data:
+            if fd is None:  # stopped by a refused write: a snapshot takes them
+                self._mark_dropped(self._synced + 1, upto)
                 return
             try:
-                os.fdatasync(self._fd)
+                _write_all(fd, data)
             except OSError as exc:
-                self._fail(f"sync of master journal {self._segment('journal', self._gen)} "
-                           f"failed: {exc.strerror or exc}")
-                self._mark_dropped(self._synced + 1, self._written)
+                self._fail(f"write to master journal "
+                           f"{self._segment('journal', self._gen)} failed: "
+                           f"{exc.strerror or exc}")
+                self._mark_dropped(self._synced + 1, upto)
                 return
-            self._synced = self._written
+            self._written = upto
+        if not sync or self._synced >= self._written or fd is None:
+            return
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            self._fail(f"sync of master journal {self._segment('journal', self._gen)} "
+                       f"failed: {exc.strerror or exc}")
+            self._mark_dropped(self._synced + 1, self._written)
+            return
+        self._synced = self._written
 
     def _mark_dropped(self, first: int, last: int) -> None:
         """Changes ``first``..``last`` are not on disk (a snapshot started later takes
@@ -329,27 +348,31 @@ class JournalState(StateBackend):
     def snapshot_wanted(self, live_objects: int) -> bool:
         if self._snapshot_running or self._closed:
             return False
+        if time.monotonic() < self._retry_at:
+            return False
         if self._failed is not None:
-            return time.monotonic() >= self._retry_at
+            return True
         return self._records >= self._compact_min and self._records > 2 * live_objects
 
     def start_snapshot(self, nodes: Sequence[NodeRecord]) -> Snapshot | None:
         if self._snapshot_running or self._closed:
             return None
-        self._flush()  # what the old segment holds must reach it before the switch
         gen = self._gen + 1
-        try:
-            self._open_segment(gen)
-        except UsageError as exc:
-            self._fail(exc.cause)
-            return None
+        with self._io_lock:  # no acknowledgement writes while the segment changes
+            self._flush_locked()  # what the old segment holds must reach it first
+            try:
+                self._open_segment(gen)
+            except UsageError as exc:
+                self._fail(exc.cause)
+                return None
         self._snapshot_running = True
         self._records_at_snapshot = self._records
         return _JournalSnapshot(self, gen, nodes)
 
     def _snapshot_done(self, gen: int, ok: bool, failures_at_start: int) -> None:
         self._snapshot_running = False
-        if not ok:
+        if not ok:  # tried again in a while, not at every tick (each try opens a segment)
+            self._retry_at = max(self._retry_at, time.monotonic() + RETRY_S)
             return
         if self._failures != failures_at_start:
             return
@@ -368,11 +391,12 @@ class JournalState(StateBackend):
     def close(self) -> None:
         if self._closed:
             return
-        self._flush(sync=True)
-        self._closed = True
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._io_lock:
+            self._flush_locked(sync=True)
+            self._closed = True
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 class _JournalSnapshot(Snapshot):
@@ -411,7 +435,14 @@ class _JournalSnapshot(Snapshot):
         data, self._buf = self._buf, bytearray()
         if self._fd is None or self._error is not None or not data:
             return
+        reserve = self._state.snapshot_reserve_bytes
         try:
+            st = os.fstatvfs(self._fd)
+            free = st.f_bavail * st.f_frsize
+            if free - len(data) < reserve:
+                self._error = (f"{self._tmp} would leave {max(0, free - len(data))} bytes "
+                               f"free, less than the {reserve} kept for the journal")
+                return
             _write_all(self._fd, data)
         except OSError as exc:
             self._error = f"write to {self._tmp} failed: {exc.strerror or exc}"
