@@ -14,6 +14,8 @@ import http.client
 import socket
 import threading
 
+from kvctl.net.auth import REPLY_HEADER
+
 _MAX_IDLE = 8
 
 
@@ -29,10 +31,12 @@ class EndpointDown(Exception):  # noqa: N818 - internal signal, converted by cal
 
 @dataclasses.dataclass(frozen=True)
 class Reply:
-    """One HTTP answer: status code and the whole body."""
+    """One HTTP answer: status code, the whole body, and its signature header (``""`` when
+    it carries none; see :func:`kvctl.net.auth.sign_reply`)."""
 
     status: int
     body: bytes
+    signature: str = ""
 
 
 class HttpPool:
@@ -71,7 +75,7 @@ class HttpPool:
                 conn.close()
             else:
                 self._give(conn)
-            return Reply(response.status, data)
+            return Reply(response.status, data, response.getheader(REPLY_HEADER, "") or "")
         raise EndpointDown(self.endpoint, "no answer", refused=False)  # pragma: no cover
 
     def close(self) -> None:

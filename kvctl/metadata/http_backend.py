@@ -1,7 +1,9 @@
 """``http://host:port``: the client of kvctl's own metadata server (:mod:`.server`).
 
 Requests go over keep-alive HTTP/1.1 connections (stdlib ``http.client``), each with a
-timeout; with a token every request is signed (:func:`kvctl.net.auth.sign_request`).
+timeout; with a token every request is signed (:func:`kvctl.net.auth.sign_request`) and
+every answer must carry the server's signature bound to that request
+(:func:`kvctl.net.auth.check_reply`), or the call fails.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from kvctl.metadata.base import (
     register_backend,
     split_endpoints,
 )
-from kvctl.net.auth import sign_request
+from kvctl.net.auth import check_reply, sign_request
 
 
 class HttpMetadata(MetadataClient):
@@ -95,6 +97,16 @@ class HttpMetadata(MetadataClient):
             raise MetadataError(
                 f"cannot reach metadata server {self.url}: {exc.reason}", hint
             ) from None
+        if self._token and not check_reply(self._token, headers["X-Kvctl-Signature"],
+                                           reply.status, reply.body, reply.signature):
+            # Checked before the answer is read (issue 27.6: a relay answered a signed put
+            # with a forged 200 and held the put back; a forged get answer was taken).
+            what = "an unsigned" if not reply.signature else "a wrongly signed"
+            raise MetadataError(
+                f"metadata server {self.url} sent {what} answer (HTTP {reply.status}) to a "
+                "signed request", "something between the hosts forges or replays answers, "
+                "or the server runs a kvctl that does not sign answers (upgrade it); the "
+                "request may or may not have been applied")
         try:
             answer = json.loads(reply.body) if reply.body else {}
         except ValueError:

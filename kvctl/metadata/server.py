@@ -27,7 +27,10 @@ Errors answer ``{"error": code, "message": text}`` with a 4xx/5xx status and lea
 serving. Bodies are capped (``max_body_bytes``), a client that stalls mid-request is dropped
 after ``request_timeout_s``, and at most ``max_connections`` connections are served at once.
 With a token, every request must carry the headers of :func:`kvctl.net.auth.sign_request`
-(401 otherwise); the token is never logged.
+(401 otherwise), every answer carries ``X-Kvctl-Reply`` (:func:`kvctl.net.auth.sign_reply`,
+bound to the request's signature) and, with ``data_dir``, the nonces of the replay window
+are kept in ``data_dir/replay-nonces`` so a restart does not forget them; the token is never
+logged.
 """
 
 from __future__ import annotations
@@ -49,10 +52,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 from kvctl import __version__
-from kvctl.errors import UsageError
+from kvctl.errors import KvctlError, UsageError
 from kvctl.metrics import HIT, MISS, OK
 from kvctl.net.advertise import advertised_addresses, join_host_port
-from kvctl.net.auth import RequestVerifier
+from kvctl.net.auth import REPLY_HEADER, RequestVerifier
 from kvctl.net.bind import LOOPBACK, announce_bind, is_unspecified
 from kvctl.net.limits import PAUSE_MAX_S, PAUSE_MIN_S, RESOURCE_ERRNOS, PendingLimit
 
@@ -70,6 +73,8 @@ _log = logging.getLogger(__name__)
 #: Longest lease a client may ask for, in seconds (one day).
 MAX_LEASE_TTL_S = 86400.0
 _AUTH_HEADERS = ("X-Kvctl-Time", "X-Kvctl-Nonce", "X-Kvctl-Signature")
+#: The file under ``data_dir`` that keeps the signed requests' nonces of the last window.
+REPLAY_JOURNAL = "replay-nonces"
 
 
 class _RefusedError(Exception):
@@ -184,7 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
             owner.metrics.record(op if op in _METRIC_OPS else "other",
                                  time.perf_counter() - started, outcome, bytes_in=bytes_in,
                                  bytes_out=bytes_out)
-        self._reply(status, payload)
+        self._reply(status, payload, owner.verifier)
         if not self.close_connection and owner.verifier is None:
             # Without a token a connection proves nothing: between requests it is pending
             # again. With one, a connection that signed a request stays trusted.
@@ -198,7 +203,11 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_body(method, owner.max_body_bytes)
             if owner.verifier is not None:
                 headers = {name: self.headers.get(name, "") for name in _AUTH_HEADERS}
-                if not owner.verifier.verify(method, self.path, body, headers):
+                try:
+                    verified = owner.verifier.verify(method, self.path, body, headers)
+                except KvctlError as exc:  # the replay journal cannot be written
+                    raise _RefusedError(503, "replay_journal", exc.cause) from None
+                if not verified:
                     raise _RefusedError(401, "unauthorized",
                                       "missing, wrong, stale or replayed request signature")
             self.server.pending.trusted(self.request)
@@ -234,12 +243,18 @@ class _Handler(BaseHTTPRequestHandler):
             raise _RefusedError(400, "short_body", "connection closed before the body ended")
         return body
 
-    def _reply(self, status: int, payload: dict[str, Any]) -> None:
+    def _reply(self, status: int, payload: dict[str, Any], verifier: RequestVerifier | None
+               ) -> None:
         data = json.dumps(payload).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if verifier is not None:
+                # Signed and bound to the request (issue 27.6: a relay answered a signed
+                # put with a forged 200 and the client took it).
+                self.send_header(REPLY_HEADER, verifier.sign_reply(
+                    self.headers.get("X-Kvctl-Signature", ""), status, data))
             if self.close_connection:
                 self.send_header("Connection", "close")
             self.end_headers()
@@ -292,6 +307,7 @@ class MetadataServer:
         self.max_body_bytes = max_body_bytes
         self.max_pending = max_pending
         self.max_connections = max_connections
+        self._token = token
         self.verifier = RequestVerifier(token) if token else None
         self.metrics = metrics
         if metrics is not None:
@@ -338,6 +354,16 @@ class MetadataServer:
             if self._listener is not None:
                 return self
             store = self._open_store()
+            if self._token and self.data_dir is not None:
+                # The nonces of the last window outlive a restart (issue 27.6: a request
+                # refused as a replay was taken after a --data-dir restart).
+                try:
+                    self.verifier = RequestVerifier(
+                        self._token, journal=self.data_dir.expanduser().resolve()
+                        / REPLAY_JOURNAL)
+                except KvctlError:
+                    store.close()
+                    raise
             try:
                 listener = _Listener((self.host, self.port), self)
             except OSError as exc:
@@ -372,6 +398,8 @@ class MetadataServer:
             thread.join(timeout=5.0)
         if store is not None:
             store.close()
+        if self.verifier is not None:
+            self.verifier.close()
 
     close = stop
 

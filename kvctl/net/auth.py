@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 
 from kvctl.errors import ConfigError
 
@@ -86,22 +87,109 @@ def sign_request(token: str, method: str, path: str, body: bytes, *, now: float 
     return {"X-Kvctl-Time": timestamp, "X-Kvctl-Nonce": nonce, "X-Kvctl-Signature": mac}
 
 
-class RequestVerifier:
-    """Checks signed HTTP requests: valid MAC, timestamp within ``window_s``, nonce unseen."""
+#: The header that carries an HTTP answer's signature (:func:`sign_reply`).
+REPLY_HEADER = "X-Kvctl-Reply"
 
-    def __init__(self, token: str, *, window_s: float = 30.0, max_nonces: int = 65536) -> None:
+
+def sign_reply(token: str, request_signature: str, status: int, body: bytes) -> str:
+    """The signature of one HTTP answer: its status and body, bound to the request it
+    answers by that request's signature (which covers the request's method, path, time,
+    nonce and body), so neither a forged answer nor one recorded for another request
+    passes :func:`check_reply`."""
+    message = b"\n".join([b"kvctl-reply/1", request_signature.encode("ascii", "replace"),
+                          str(status).encode(), hashlib.sha256(body).digest()])
+    return hmac.new(secret(token), message, hashlib.sha256).hexdigest()
+
+
+def check_reply(token: str, request_signature: str, status: int, body: bytes,
+                signature: str) -> bool:
+    """Whether ``signature`` is the server's for this answer to this request."""
+    return hmac.compare_digest(sign_reply(token, request_signature, status, body),
+                               signature.encode("ascii", "replace").decode())
+
+
+class RequestVerifier:
+    """Checks signed HTTP requests: valid MAC, timestamp within ``window_s``, nonce unseen.
+
+    With ``journal`` (a file), every nonce taken is appended to it and the nonces of the
+    last ``window_s`` are read back on start, so a request refused as a replay stays
+    refused after a restart (issue 27.6). The file holds what the window needs: it is
+    rewritten with the live nonces only once it holds twice as many lines (at least 4096).
+    It is not fsync()ed: it outlives the process, not a crash of the host.
+    """
+
+    def __init__(self, token: str, *, window_s: float = 30.0, max_nonces: int = 65536,
+                 journal: Path | None = None, now: float | None = None) -> None:
         self._token = token
         self._window_s = window_s
         self._max_nonces = max_nonces
         self._seen: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
+        self._journal = journal
+        self._journal_fd = -1
+        self._journal_lines = 0
+        if journal is not None:
+            self._load(journal, time.time() if now is None else now)
+
+    def _load(self, journal: Path, now: float) -> None:
+        try:
+            text = journal.read_text("ascii", errors="replace")
+        except FileNotFoundError:
+            text = ""
+        except OSError as exc:
+            raise ConfigError(f"cannot read the replay journal {journal}: "
+                              f"{exc.strerror or exc}",
+                              "check the data directory's permissions") from None
+        for line in text.splitlines():
+            sent_text, _, nonce = line.partition(" ")
+            try:
+                sent = float(sent_text)
+            except ValueError:
+                continue  # a line cut by a crash mid-write
+            if nonce and len(nonce) <= 64 and abs(now - sent) <= self._window_s:
+                self._seen[nonce] = sent
+        while len(self._seen) > self._max_nonces:
+            self._seen.popitem(last=False)
+        self._rewrite(journal)
+
+    def _rewrite(self, journal: Path) -> None:
+        """Replace the journal with the nonces held now (atomically); reopen it to append."""
+        temp = journal.with_name(journal.name + ".tmp")
+        data = "".join(f"{sent:.3f} {nonce}\n" for nonce, sent in self._seen.items())
+        try:
+            temp.write_text(data, "ascii")
+            temp.replace(journal)
+            fd = os.open(journal, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ConfigError(f"cannot write the replay journal {journal}: "
+                              f"{exc.strerror or exc}",
+                              "check the data directory's permissions and free space") from None
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+        self._journal_fd = fd
+        self._journal_lines = len(self._seen)
+
+    def close(self) -> None:
+        """Close the journal (safe to call twice)."""
+        with self._lock:
+            if self._journal_fd >= 0:
+                os.close(self._journal_fd)
+                self._journal_fd = -1
+
+    def sign_reply(self, request_signature: str, status: int, body: bytes) -> str:
+        """:func:`sign_reply` with this verifier's token."""
+        return sign_reply(self._token, request_signature, status, body)
 
     def __repr__(self) -> str:
         return f"RequestVerifier(window_s={self._window_s})"  # never shows the token
 
     def verify(self, method: str, path: str, body: bytes, headers: dict[str, str],
                *, now: float | None = None) -> bool:
-        """Whether the request carries a fresh, valid signature."""
+        """Whether the request carries a fresh, valid signature (its nonce then taken).
+
+        Raises:
+            ConfigError: the journal cannot be written (the request is not to be served).
+        """
         timestamp = headers.get("X-Kvctl-Time", "")
         nonce = headers.get("X-Kvctl-Nonce", "")
         signature = headers.get("X-Kvctl-Signature", "")
@@ -110,7 +198,8 @@ class RequestVerifier:
         except ValueError:
             return False
         now = time.time() if now is None else now
-        if abs(now - sent) > self._window_s or not nonce or len(nonce) > 64:
+        if abs(now - sent) > self._window_s or not nonce or len(nonce) > 64 or \
+                not (nonce.isascii() and nonce.isalnum()):  # clients send hex
             return False
         expected = _request_mac(self._token, method, path, body, timestamp, nonce)
         if not hmac.compare_digest(expected, signature):
@@ -118,10 +207,33 @@ class RequestVerifier:
         with self._lock:
             if nonce in self._seen:
                 return False
+            # Nonces whose time is past the window go (oldest first): their requests are
+            # refused by time alone.
+            while self._seen and now - next(iter(self._seen.values())) > self._window_s:
+                self._seen.popitem(last=False)
             self._seen[nonce] = sent
             while len(self._seen) > self._max_nonces:
                 self._seen.popitem(last=False)
+            if self._journal is not None:
+                self._remember(self._journal, nonce, sent)
         return True
+
+    def _remember(self, journal: Path, nonce: str, sent: float) -> None:
+        """Append a taken nonce to the journal before the request is served (under the
+        lock); compact it when it holds twice what the window needs."""
+        if self._journal_lines >= max(4096, 2 * len(self._seen)):
+            self._rewrite(journal)  # the new nonce is in _seen: written with the rest
+            return
+        if self._journal_fd < 0:
+            raise ConfigError("the replay journal is closed", "restart the metadata server")
+        try:
+            os.write(self._journal_fd, f"{sent:.3f} {nonce}\n".encode("ascii", "replace"))
+        except OSError as exc:
+            del self._seen[nonce]  # not remembered: not accepted
+            raise ConfigError(f"cannot append to the replay journal {journal}: "
+                              f"{exc.strerror or exc}", "check the data directory's free "
+                              "space") from None
+        self._journal_lines += 1
 
 
 def _request_mac(token: str, method: str, path: str, body: bytes, timestamp: str,
