@@ -299,6 +299,13 @@ def request_qp(addresses: Sequence[str], *, token: str | None, initiator: str,
             if hello[0] & 1 and not token:
                 raise AuthError(f"RDMA exchange at {address} requires a token",
                                 "set KVCTL_TOKEN (or common.token) to the cluster's token")
+            if token and not hello[0] & 1:
+                # As on the TCP path: a service that asks for no token proves nothing (an
+                # impostor, or a relay that cleared the flag), and its QP info would be
+                # taken as the target's.
+                raise AuthError(f"RDMA exchange at {address} asks for no token, but this "
+                                "side has one", "set the same KVCTL_TOKEN (or common.token) "
+                                "on both hosts, or unset it here")
             digest = (auth.respond(token, hello[1:], _CONTEXT) if token and hello[0] & 1
                       else bytes(auth.DIGEST_BYTES))
             sock.sendall(digest)
