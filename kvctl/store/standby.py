@@ -124,6 +124,7 @@ def _start_leading(settings: StoreSettings, host: str, port: int, election: Elec
                           token=token, cluster_id=cluster_id, fence=fence)
     try:
         server.lead_while(election.check)
+        server.core.fence_nodes(election.sure)  # nodes follow the lease (27.7)
     except BaseException:
         server.close()
         raise

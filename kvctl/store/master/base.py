@@ -73,6 +73,34 @@ class MasterBase:
     ssd_evictions: int
     lost: int
 
+    #: while an elected master knows it leads: ``None``, else why not (see
+    #: :meth:`fence_nodes`)
+    _nodes_leading: Callable[[], str | None] | None = None
+
+    def fence_nodes(self, sure: Callable[[], str | None]) -> None:
+        """Take node registrations and heartbeats only while ``sure()`` is ``None`` (an
+        elected master whose lease is fresh: :meth:`~kvctl.store.master.election.
+        Election.sure`); else they are answered ``not_leader``, so the node looks for the
+        leader again (the leader key, or the next master it was given); reservations and
+        puts too (:meth:`_nodes_refused`), so clients move with them. ``sure`` must not
+        block: it is asked with the lock held.
+
+        While the master is not sure, its nodes' silence is its own doing: it is not
+        held against them (they get their whole timeout from when it is sure again)."""
+        self._nodes_leading = sure
+
+    def _nodes_refused(self, what: str = "nodes") -> p.ErrorInfo | None:
+        """``not_leader`` while this master is not sure it leads (else ``None``); puts
+        and reservations are refused so too (they could not be acknowledged: the state is
+        out of reach), so writers move to the leader as nodes do."""
+        sure = self._nodes_leading
+        why = None if sure is None else sure()
+        if why is None:
+            return None
+        return err("not_leader", f"this store master cannot take {what}: {why}",
+                   "nodes and clients move to the master the leader key names (give "
+                   "clients every master, --master A:PORT,B:PORT, or etcd://)")
+
     # ------------------------------------------------------------------ copies
 
     def _set_replicas(self, obj: Obj, replicas: tuple[Replica, ...]) -> None:

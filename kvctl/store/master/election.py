@@ -29,6 +29,10 @@ host and pid; :mod:`kvctl.store.leader` has the key, its value and how clients r
   term`` (:class:`~kvctl.store.state.writebehind.MetadataState`), so once another master has
   claimed, nothing the old leader sends applies, whether it was paused, cut off or its
   request was still on the wire when it died.
+- **Nodes follow the lease, not the grace**: a leader whose renewals have failed for
+  ``ttl_s`` (cut off from etcd while etcd answers the others) may serve reads, but it
+  refuses storage nodes (:meth:`Election.sure`): they register with whoever the leader
+  key names, so a standby that claims meanwhile has the nodes and can take puts.
 - **Deposed**: another master's claim (seen in the term key, by a failed take-back or by
   a fenced write) ends the leadership for good (:meth:`Election.check` answers why);
   ``kvctl store master`` then stops serving and exits, and a supervisor starting it again
@@ -306,6 +310,27 @@ class Election:
             if self._result_at < now:  # nothing newer came while we waited: renew now
                 self._renew()
         return self._deposed
+
+    def sure(self) -> str | None:
+        """``None`` while this master *knows* it leads: its last lease renewal was sent
+        under ``ttl_s`` ago, so no other master can have claimed; else why not. Never
+        blocks (it reads what the keeper last learnt), so a request handler may ask it
+        under the master's lock.
+
+        :meth:`check` lets a master cut off from etcd go on serving reads (an etcd that
+        answers nobody elects nobody); but etcd may answer everyone else (a partition),
+        and the standby that claims then needs the storage nodes: they must not go on
+        heartbeating this master. Nodes are served only while this is ``None``
+        (:meth:`~kvctl.store.master.liveness.LivenessMixin.fence_nodes`), so they move to
+        whoever the leader key names.
+        """
+        if self._deposed is not None:
+            return self._deposed
+        late = time.monotonic() - self._valid_until
+        if late < 0:
+            return None
+        return (f"its lease on {self.url} was last renewed {self.ttl_s + late:.1f} s ago "
+                f"(lease {self.ttl_s:g} s): another master may lead now")
 
     def depose(self, why: str) -> None:
         """End the leadership for good (``why`` is logged and answered to requests)."""

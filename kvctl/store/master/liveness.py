@@ -11,6 +11,10 @@ Rules (tests/store/test_liveness.py):
   come back with new memory) and its objects lose their copies on it; objects with no copy
   left are lost. Dropping is O(the node's objects), in slices of ``slice_objects`` with the
   lock released between them.
+- An elected master that is not sure it leads (its lease not renewed for its TTL:
+  :meth:`LivenessMixin.fence_nodes`) refuses registrations and heartbeats with
+  ``not_leader`` (the node goes to the leader the leader key names) and judges no node
+  meanwhile.
 - Silence is measured on the master's *observed* clock (:class:`ObservedClock`): a gap
   between two of the master's own observations longer than ``observed_step_s`` counts only
   that much, so the master's own pauses (a garbage collection, a SIGSTOP, a restore, a
@@ -106,6 +110,9 @@ class LivenessMixin(MasterBase):
                        f"use one of {', '.join(p.SSD_POLICIES)}")
         if msg.capacity_bytes <= 0 or msg.ssd_capacity_bytes < 0:
             return err("bad_request", "node capacity must be positive")
+        refused = self._nodes_refused()
+        if refused is not None:
+            return refused
         with self._cond:
             now = self._observed()
             if self._dropped.get(msg.node_id) == msg.epoch:
@@ -147,6 +154,9 @@ class LivenessMixin(MasterBase):
 
     def heartbeat(self, msg: p.Heartbeat) -> list[p.Task] | p.ErrorInfo:
         """Record liveness and task reports; return new tasks (waiting up to ``wait_s``)."""
+        refused = self._nodes_refused()
+        if refused is not None:
+            return refused  # its reports come again with its registration elsewhere
         with self._cond:
             node = self._nodes.get(msg.node_id)
             if node is None and self._dropped.get(msg.node_id) == msg.epoch:
@@ -191,6 +201,10 @@ class LivenessMixin(MasterBase):
         """Mark silent nodes suspect, drop those silent past their grace (lock held)."""
         now = self._observed()
         cfg = self.config
+        if self._nodes_leading is not None and self._nodes_leading() is not None:
+            for node in self._nodes.values():  # refused by us: not their silence
+                node.last_seen = max(node.last_seen, now)
+            return
         for node in list(self._nodes.values()):
             silent = now - node.last_seen
             if node.state == ALIVE and silent > cfg.node_timeout_s:

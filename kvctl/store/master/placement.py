@@ -34,7 +34,8 @@ class PlacementMixin(MasterBase):
         with self._cond:
             now = self._clock()
             touched: set[Node] = set()
-            refused = self.state.refusal()
+            unsure = self._nodes_refused("puts")
+            refused = self.state.refusal() if unsure is None else unsure.cause
             for item in msg.items:
                 out.append(self._put_one(item, replicas, now, touched, refused))
             for node in touched:

@@ -42,6 +42,9 @@ class ReservationsMixin(MasterBase):
             if msg.size <= 0 or replicas < 1:
                 return err("bad_request", f"reservation of {msg.size} bytes on {replicas} "
                            "replica(s)", "ask for a positive size and 1 or more replicas")
+            unsure = self._nodes_refused("puts")
+            if unsure is not None:
+                return unsure
             refused = self.state.refusal()
             if refused is not None:
                 return err("unavailable", refused, "put through the master later")
