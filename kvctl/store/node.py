@@ -104,7 +104,10 @@ class StorageNode:
     Args:
         master: ``HOST:PORT`` of the master, or several (``A:PORT,B:PORT``: masters that
             elect a leader on etcd; the node registers with whichever leads, again after
-            a takeover, within :data:`~kvctl.store.rpc.FAILOVER_S`).
+            a takeover, within :data:`~kvctl.store.rpc.FAILOVER_S`), or
+            ``etcd://HOST:2379[?cluster=ID]`` (the leader the leader key names, read again
+            before each registration). A master that answers ``not_leader`` (deposed, or
+            cut off from etcd and not sure it leads) is left for the next.
         node_id: unique name of this node in the store (``None``: :func:`default_node_id`,
             the host's name and a random suffix).
         capacity_bytes: DRAM contributed, bytes.
@@ -262,6 +265,12 @@ class StorageNode:
                 descriptor=self._descriptor(),
                 running=[*unsent, *self.shared.unreported(),
                          *self._ssd_tasks.unreported()]))
+        except StoreUnavailableError:
+            conn.close()
+            # not the leader (it answered ``not_leader``) or gone: the next try starts
+            # with the other masters (given etcd, the leader key is read again anyway)
+            self._masters.failed(conn.address)
+            raise
         except BaseException:
             conn.close()
             raise

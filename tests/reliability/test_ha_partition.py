@@ -86,8 +86,9 @@ def _put(client: StoreClient, key: str, value: bytes, errors: list[str]) -> bool
     return True
 
 
+@pytest.mark.parametrize("nodes_find", ["leader-key", "address-list"])
 def test_a_leader_cut_off_from_etcd_hands_its_nodes_to_the_standby(
-        etcd_url: str, procs: Callable[..., Proc]) -> None:  # noqa: F811
+        etcd_url: str, procs: Callable[..., Proc], nodes_find: str) -> None:  # noqa: F811
     cluster = f"ha-{secrets.token_hex(4)}"
     env = {"KVCTL_CLUSTER_ID": cluster, "KVCTL_STORE_HA_TTL": str(TTL_S)}
     etcd_port = urllib.parse.urlsplit(etcd_url.replace("etcd://", "http://")).port
@@ -105,8 +106,9 @@ def test_a_leader_cut_off_from_etcd_hands_its_nodes_to_the_standby(
         second = procs("master", "--listen", f"127.0.0.1:{ports[1]}", "--state", etcd_url,
                        env=env)
         wait_for(lambda: "standby" in second.log, what="standby")
-        # The node finds the leader through etcd, as clients may.
-        node = procs("node", "--master", f"{etcd_url}?cluster={cluster}", "--node-id", "n1",
+        # The node finds the leader through etcd (as clients may), or is given both.
+        spec = f"{etcd_url}?cluster={cluster}" if nodes_find == "leader-key" else both
+        node = procs("node", "--master", spec, "--node-id", "n1",
                      "--capacity", "64MiB", env=env)
         node.wait_card()
         acked: dict[str, bytes] = {}
