@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from kvctl.errors import UsageError
 from kvctl.store.client import StoreClient
 from kvctl.store.errors import ObjectNotFoundError
 from kvctl.store.sharedtier.config import TIER_MARKER
@@ -132,5 +133,31 @@ def test_a_file_gone_from_the_mounted_tier_is_still_dropped(tmp_path: Path) -> N
                 return False
 
             wait_for(forgotten, what="the object dropped (its last copy)")
+    finally:
+        c.close()
+
+
+def test_a_master_started_while_the_tier_is_unmounted_refuses(tmp_path: Path) -> None:
+    """A master (re)started on the bare mount point must not take it for the tier: it
+    made the marker there itself, and every file would have read "missing"."""
+    root = tmp_path / "dfs"
+    c = SharedCluster(root, state=str(tmp_path / "state"))
+    try:
+        c.node()
+        with StoreClient(c.address) as client:
+            value = os.urandom(MiB // 2)
+            client.put("k", value)
+            _fill(client)
+            wait_for(lambda: client.stat("k").tier == "shared", what="write-back")
+        for node in c.nodes:
+            node.close()
+        c.nodes.clear()
+        with _renamed_away(root):
+            with pytest.raises(UsageError, match="not mounted"):
+                c.restart_master()
+            assert not (root / TIER_MARKER).exists()  # the bare mount point stays bare
+        c.restart_master()
+        with StoreClient(c.address) as client:
+            assert client.get("k") == value
     finally:
         c.close()

@@ -123,9 +123,11 @@ def map_path(path: str, pairs: tuple[tuple[str, str], ...]) -> Path:
     return Path(path)
 
 
-def open_tier(root: Path) -> None:
+def open_tier(root: Path) -> bool:
     """Create ``root`` if missing (with its :data:`TIER_MARKER`) and check that this host
-    can write it.
+    can write it; ``True`` when the marker was there already (``False``: this call made
+    it, so ``root`` was new, or is a bare mount point: see
+    :meth:`~kvctl.store.sharedtier.mixin.SharedTierMixin._shared_restored`).
 
     Raises:
         UsageError: not a directory this user owns alone, or not writable.
@@ -137,6 +139,7 @@ def open_tier(root: Path) -> None:
         fd, probe = create_private(root, "kvctl-probe")
         os.close(fd)
         probe.unlink()
+        had = os.path.lexists(root / TIER_MARKER)
         os.close(os.open(root / TIER_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
     except UnsafePathError:
         raise
@@ -144,3 +147,4 @@ def open_tier(root: Path) -> None:
         raise UsageError(f"shared tier {root} is not writable: {exc.strerror or exc}",
                          "pass a writable --shared-tier directory (mounted on every "
                          "node and client host)") from exc
+    return had

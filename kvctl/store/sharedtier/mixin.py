@@ -41,6 +41,7 @@ Rules (tests/store/test_shared_tier.py, tests/multihost/test_shared_tier.py):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from collections.abc import Callable
@@ -49,7 +50,7 @@ from pathlib import Path
 from kvctl.errors import UsageError
 from kvctl.store import protocol as p
 from kvctl.store.master.records import Node, Obj, Replica
-from kvctl.store.sharedtier.config import SharedTierConfig, open_tier
+from kvctl.store.sharedtier.config import TIER_MARKER, SharedTierConfig, open_tier
 from kvctl.store.sharedtier.fileformat import COUNTED_ERRNOS, file_bytes, file_name, pack_name
 from kvctl.store.sharedtier.housekeeping import SharedState, housekeeping
 from kvctl.store.sharedtier.packs import AT_BITS, AT_MASK, SharedPacks
@@ -68,14 +69,17 @@ class SharedTierMixin(SharedPacks):
     """The shared tier's index, writes, quota and deletes (lock held unless said)."""
 
     _shared: SharedState | None
+    #: the tier's marker was made by this start (the root had none)
+    _shared_marked: bool = False
     #: while an elected master leads: ``None``, else why not (see :meth:`fence_files`)
     _shared_leading: Callable[[], str | None] | None = None
 
     def _shared_setup(self, config: SharedTierConfig | None) -> None:
         """Before the restore: the tier's tables (``None``: no shared tier)."""
+        self._shared_marked = False
         if config is not None:
             config.check()
-            open_tier(config.root)
+            self._shared_marked = not open_tier(config.root)
         self._shared = SharedState(config) if config is not None else None
 
     def _shared_restored(self) -> None:
@@ -92,6 +96,18 @@ class SharedTierMixin(SharedPacks):
                                  "tier, and this master has none",
                                  "start it with --shared-tier DIR (the same directory)")
             return
+        if held and self._shared_marked:
+            # The marker was missing: a bare mount point (the file system not mounted) or
+            # a tier of a kvctl before markers. Taken for the tier, its every file would be
+            # "missing", and reads would drop the state's copies one by one.
+            marker = st.config.root / TIER_MARKER
+            with contextlib.suppress(OSError):
+                marker.unlink()
+            raise UsageError(f"the master's state names {len(held)} objects in the shared "
+                             f"tier {st.config.root}, which has no {TIER_MARKER} file: it is "
+                             "not mounted, or not that tier",
+                             "mount the shared tier there; if it is mounted and was written "
+                             f"by an older kvctl, create the marker: touch {marker}")
         # least recently used first: by use stamp (copies of one stamp, and records of
         # older kvctl versions, which have 1, keep their replay order); 0.4 s per 10^6
         held.sort(key=_USE_ORDER)
