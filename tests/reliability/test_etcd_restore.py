@@ -125,3 +125,71 @@ def test_a_log_that_ends_before_its_watermark_is_refused_on_load(
         client.close()
     with pytest.raises(StoreUnavailableError, match="watermark"):
         read_state(etcd.url, cluster_id="mark")
+
+
+def test_restore_under_a_serving_master(spawn_etcd: Callable[[], ServerProcess],
+                                        tmp_path: Path,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The same through a serving master, a node and a client, puts going on: the master
+    says etcd went back, refuses puts with that cause while it re-writes its state (a
+    moment: its tick takes the snapshot), then takes them again; a master restarted on
+    etcd afterwards holds every acknowledged put."""
+    from kvctl.store import protocol as p
+    from kvctl.store.checksum import checksum
+    from kvctl.store.client import StoreClient
+    from kvctl.store.master import MasterConfig, MasterCore
+    from kvctl.store.node import StorageNode
+    from kvctl.store.server import MasterServer
+    from tests.reliability.conftest import make_value
+
+    etcd = spawn_etcd()
+    state = MetadataState(etcd.url, cluster_id="serve")
+    server = MasterServer(MasterCore(MasterConfig(node_timeout_s=30), state=state))
+    node = StorageNode(server.address, node_id="a", capacity_bytes=32 << 20, heartbeat_s=0.1)
+    acked: list[str] = []
+    refused: list[str] = []
+    try:
+        with StoreClient(server.address, timeout_s=10) as client:
+            for i in range(100):
+                client.put(f"k{i}", make_value(f"k{i}", 1, 1000))
+                acked.append(f"k{i}")
+            _backup(etcd, tmp_path / "backup")
+            for i in range(100, 150):
+                client.put(f"k{i}", make_value(f"k{i}", 1, 1000))
+                acked.append(f"k{i}")
+            caplog.set_level(logging.WARNING, logger="kvctl.store.state")
+            _restore(etcd, tmp_path / "backup")
+            deadline = time.monotonic() + DEADLINE_S
+            i = 150
+
+            def rewritten() -> bool:
+                return any("written again" in r.getMessage() for r in caplog.records)
+
+            while time.monotonic() < deadline and (i < 200 or not rewritten()):
+                try:
+                    client.put(f"k{i}", make_value(f"k{i}", 1, 1000))
+                    acked.append(f"k{i}")
+                except StoreUnavailableError as exc:
+                    refused.append(exc.cause)
+                i += 1
+                time.sleep(0.02)
+            assert any("etcd went back from revision" in r.getMessage()
+                       for r in caplog.records)
+            assert rewritten()
+            assert all("etcd went back" in cause for cause in refused), refused[:1]
+            assert state.rewound is None, state.rewound
+            print(f"\netcd restored under a serving master: {len(refused)} put(s) refused "
+                  f"while it re-wrote its state, {len(acked)} acknowledged")
+            client.put("after", make_value("after", 1, 1000))
+            acked.append("after")
+    finally:
+        node.close()
+        server.close()
+    restarted = MasterCore(state=MetadataState(etcd.url, cluster_id="serve"))
+    try:
+        for key in acked:
+            info = restarted.stat(key)
+            assert isinstance(info, p.ObjectInfo), (key, info)
+            assert info.checksum == checksum(make_value(key, 1, 1000)), key
+    finally:
+        restarted.close()
