@@ -62,13 +62,15 @@ def _mounted_over(root: Path) -> Iterator[None]:
         empty.rmdir()
 
 
-@pytest.mark.parametrize("cover", ["renamed", "bind-mount"])
-def test_objects_read_while_the_tier_is_unmounted_come_back(tmp_path: Path,
-                                                             cover: str) -> None:
+@pytest.mark.parametrize(("cover", "pack_below"), [("renamed", 0), ("bind-mount", 0),
+                                                   ("renamed", MiB)],
+                         ids=["renamed", "bind-mount", "renamed-packed"])
+def test_objects_read_while_the_tier_is_unmounted_come_back(tmp_path: Path, cover: str,
+                                                             pack_below: int) -> None:
     if cover == "bind-mount" and (os.geteuid() != 0 or shutil.which("mount") is None):
         pytest.skip("needs root and mount(8) to bind-mount over the tier")
     root = tmp_path / "dfs"
-    c = SharedCluster(root, state=str(tmp_path / "state"))
+    c = SharedCluster(root, state=str(tmp_path / "state"), pack_below=pack_below)
     try:
         c.node()
         with StoreClient(c.address) as client:
@@ -79,6 +81,10 @@ def test_objects_read_while_the_tier_is_unmounted_come_back(tmp_path: Path,
             wait_for(lambda: all(client.stat(k).tier == "shared" for k in values),
                      what="write-back of every object")
             assert (root / TIER_MARKER).exists()
+            if pack_below:
+                st = client.status().shared
+                assert st is not None
+                assert st.packed_objects >= COUNT  # several to a pack file
             with (_renamed_away if cover == "renamed" else _mounted_over)(root):
                 assert not (root / TIER_MARKER).exists()
                 for key in values:
