@@ -164,25 +164,3 @@ def apply_cost(replay: TraceReplay, costs: CostModel) -> TraceCost:
         nic_gbytes_per_s=costs.nic_gbytes_per_s, nic_source=costs.nic_source,
         duration_s=duration, rows=rows,
     )
-
-
-def trace_cost(
-    replay: TraceReplay,
-    *,
-    model: str,
-    prefill_tps: float | None = None,
-    gpu: str | None = None,
-    gpu_tflops: float | None = None,
-    gpus: int = 1,
-    efficiency: float = 0.5,
-    nic_gbytes_per_s: float | None = None,
-    bench_file: Path | None = None,
-) -> TraceCost:
-    """The cost view of ``replay`` for ``model`` (rates as ``plan readback`` takes them).
-
-    Raises:
-        UsageError: an unknown model or GPU, contradictory or invalid rates, a bad bench file.
-    """
-    return apply_cost(replay, cost_model(
-        model=model, prefill_tps=prefill_tps, gpu=gpu, gpu_tflops=gpu_tflops, gpus=gpus,
-        efficiency=efficiency, nic_gbytes_per_s=nic_gbytes_per_s, bench_file=bench_file))
