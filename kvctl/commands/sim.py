@@ -431,7 +431,7 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
     reuse = Table(title=f"Block ids by uses ({s.distinct_ids:,} distinct ids, "
                         f"{s.block_uses:,} uses)")
     for name in ("used", "ids", "share of ids", "share of uses"):
-        reuse.add_column(name, justify="right")
+        reuse.add_column(name, justify="right", overflow="fold")
     for b in s.reuse:
         if b.ids:
             reuse.add_row("once" if b.max_uses == 1 else f"{b.label} times", f"{b.ids:,}",
@@ -440,7 +440,9 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
     table = Table(title="Prefix hit ratio (higher is better); tokens summed over the trace")
     for name in ("instances x local tokens", "routing", "pool tokens", "hit ratio",
                  "recompute", "read back", "per instance"):
-        table.add_column(name, justify="left" if name == "routing" else "right")
+        # fold, never ellipsize: on a narrow terminal a count wraps but stays whole
+        table.add_column(name, justify="left" if name == "routing" else "right",
+                         overflow="fold")
     for r in replay.results:
         pool = "-" if r.pool_tokens is None else (
             r.pool_tokens if isinstance(r.pool_tokens, str) else f"{r.pool_tokens:,}")
@@ -468,7 +470,8 @@ def _render_trace(out: Output, replay: TraceReplay, cost: TraceCost | None) -> N
                         f"token; prefill: {cost.prefill_source}; NIC: {cost.nic_source})"))
     for name in ("configuration", "GPU-s no cache", "GPU-s saved", "pool GB/s",
                  "busiest NIC"):
-        view.add_column(name, justify="left" if name == "configuration" else "right")
+        view.add_column(name, justify="left" if name == "configuration" else "right",
+                        overflow="fold")
     for row in cost.rows:
         view.add_row(row.label, _opt(row.gpu_seconds_no_cache), _opt(row.gpu_seconds_saved),
                      "-" if row.pool_readback_gbytes_per_s is None
