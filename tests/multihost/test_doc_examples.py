@@ -135,7 +135,8 @@ def test_every_marked_example_is_tested() -> None:
         marked |= set(re.findall(r"<!--\s*example:\s*([\w.-]+)\s*-->", doc.read_text()))
     tested = {"two-hosts", "two-hosts-etcd", "metadata-serve", "store-three-hosts",
               "bench-two-hosts", "bench-two-hosts-etcd", "bench-foreign-two-hosts",
-              "store-standby"}
+              "store-standby",
+              "keys-watch-two-hosts"}  # tests/multihost/test_doc_example_keys_watch.py
     assert marked <= tested, marked - tested
 
 
