@@ -101,12 +101,22 @@ class HttpMetadata(MetadataClient):
                                            reply.status, reply.body, reply.signature):
             # Checked before the answer is read (issue 27.6: a relay answered a signed put
             # with a forged 200 and held the put back; a forged get answer was taken).
-            what = "an unsigned" if not reply.signature else "a wrongly signed"
-            raise MetadataError(
-                f"metadata server {self.url} sent {what} answer (HTTP {reply.status}) to a "
-                "signed request", "something between the hosts forges or replays answers, "
-                "or the server runs a kvctl that does not sign answers (upgrade it); the "
-                "request may or may not have been applied")
+            if not reply.signature:
+                cause = (f"metadata server {self.url} sent an unsigned answer (HTTP "
+                         f"{reply.status}) to a signed request: it is not signed with this "
+                         "host's token")
+                hint = ("set the same KVCTL_TOKEN on the metadata server as here (a server "
+                        "without a token signs nothing); if it has one, upgrade it (an older "
+                        "kvctl does not sign answers) or look for something between the "
+                        "hosts that forges answers; the request may or may not have been "
+                        "applied")
+            else:
+                cause = (f"metadata server {self.url} sent a wrongly signed answer (HTTP "
+                         f"{reply.status}) to a signed request")
+                hint = ("the server runs with another KVCTL_TOKEN, or something between the "
+                        "hosts forges or replays answers; the request may or may not have "
+                        "been applied")
+            raise MetadataError(cause, hint)
         try:
             answer = json.loads(reply.body) if reply.body else {}
         except ValueError:
