@@ -355,8 +355,9 @@ class _Run:
         The suspect pairs' jobs are deleted at once; a live agent answers by withdrawing the
         job's status within a poll (a dead one cannot: its statuses stay until its lease
         expires, and its liveness key goes with them). So the wait ends as soon as every
-        host of a suspect pair has answered or vanished, at most its lease TTL (and always
-        that long for a host with no status to withdraw).
+        host of a suspect pair has answered or vanished (each on its own: one lease ending is
+        not the others' answer), at most its lease TTL (and always that long for a host with
+        no status to withdraw).
         """
         suspects = [t for t in tasks if not self.interrupted and self._failed(t)
                     and all(r.missing_at is None for r in self._refs(t))]
@@ -372,12 +373,15 @@ class _Run:
         ttl = max([1.0, *(self.records[h].lease_ttl_s for h in hosts)])
         deadline = time.monotonic() + ttl + 1.0
         answered: set[str] = set()
+        gone: set[str] = set()
         while time.monotonic() < deadline and not self.stopped():
             answered |= self._answered({h: k for h, k in asked.items()
                                         if k and h not in answered})
-            if answered >= hosts:
-                break
-            if self.c.refresh() and any(not self.c.alive(h) for h in hosts):
+            if self.c.refresh():
+                gone |= {h for h in hosts - answered if not self.c.alive(h)}
+            # every host must have answered or be gone: one lease ending first is not the
+            # others' answer (two hosts dying in one round expire one after the other)
+            if answered | gone >= hosts:
                 break
             time.sleep(self.c.poll_s)
         for t in suspects:

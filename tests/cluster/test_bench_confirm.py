@@ -94,3 +94,48 @@ def test_the_vanished_warning_names_the_round_as_the_json_does(
     said = [r.getMessage() for r in caplog.records if "vanished" in r.getMessage()]
     assert said == [f"host h3 vanished in round {missing.round_index + 1} of {rounds} "
                     f"(round_index {missing.round_index} in --json)"], said
+
+
+def _die(agent: Agent) -> None:
+    """Stop renewing and following jobs without revoking or withdrawing: as if SIGKILLed."""
+    assert agent._keeper is not None
+    agent._keeper._stop.set()
+    agent._keeper._wake.set()
+    agent._stop.set()
+
+
+def test_two_hosts_dying_in_one_round_are_both_missing(service: Counting) -> None:
+    """Round 1 is h3->h0 and h1->h2; both targets die as their benches start, h0 with a 1 s
+    lease, h2 with a 3 s one. The confirmation stopped waiting when the first lease went, so
+    h2 (still registered for 2 s more) had its pair reported failed, not missing."""
+    names = [f"h{i}" for i in range(4)]
+    ttl = {"h0": 1.0, "h1": 3.0, "h2": 3.0, "h3": 3.0}
+    base = fake_bench({})
+    started: dict[str, Agent] = {}
+
+    def bench(ctx: JobContext) -> BenchResult:
+        p: BenchParams = ctx.params(BenchParams)
+        peer = p.peer.split(":")[0]
+        if peer in ("h0", "h2"):
+            _die(started[peer])
+            raise KvctlError(f"cannot reach the bench target at {p.peer}: connection reset",
+                             "check the link")
+        result: BenchResult = base(ctx)
+        return result
+
+    handlers = {TARGET: fake_target, BENCH: bench}
+    for n in names:
+        started[n] = Agent(service, record(n, ttl[n]), handlers=handlers).start()
+    try:
+        with Coordinator(service, ClusterKeys(), token=None, poll_s=0.02) as coord:
+            report = run_cluster_bench(coord, read_hosts(service, ClusterKeys(), None),
+                                       ClusterBenchOptions(sweep=SWEEP, schedule="rounds"))
+    finally:
+        for n in ("h1", "h3"):
+            started[n].close()
+    assert {m.host for m in report.missing} == {"h0", "h2"}, report.missing
+    assert report.failed == (), [(o.a.label(), o.b.label(), o.error) for o in report.failed]
+    assert report.diagnosis.unreachable == ()
+    # h0's and h2's pairs all went (missing or not run): nothing is left to call unreachable
+    ok = {(o.a.label(), o.b.label()) for o in report.outcomes if o.state == "ok"}
+    assert ok == {("h1", "h3")}, ok
