@@ -68,3 +68,34 @@ def test_objects_on_a_suspect_node_only_are_unreadable_now_then_lost() -> None:
     assert st.lost == len(on["a"])
     assert st.objects == 50 - len(on["a"])
     assert sum(st.tiers.values()) == st.objects
+
+
+def test_objects_of_a_node_being_removed_are_unreadable_until_lost() -> None:
+    """'store node rm' drops a node a slice at a time: between slices its objects left
+    that had no other copy were neither unreadable nor lost (the node was out of the table
+    the count walked), so 'N objects, 0 unreadable now, 0 lost' hid them."""
+    clock = Clock()
+    core = MasterCore(MasterConfig(node_timeout_s=1.0, node_grace_s=5.0, slice_objects=4),
+                      clock=clock)
+    node(core, "a", 1 << 20)
+    node(core, "b", 1 << 20)
+    on: dict[str, list[str]] = {"a": [], "b": []}
+    for i in range(30):
+        slot = put(core, f"one{i}", 1000)
+        assert isinstance(slot, p.PutSlot)
+        on[slot.locations[0].node_id].append(f"one{i}")
+    only_a = len(on["a"])
+    assert only_a > 8  # more than two slices
+    assert core.drop_node("a") is None
+    seen = []
+    for _ in range(only_a):  # bounded: one slice per tick at most
+        st = core.status()
+        assert sum(st.tiers.values()) == st.objects
+        assert st.unreadable + st.lost == only_a, (st.unreadable, st.lost)
+        seen.append((st.unreadable, st.lost))
+        if st.unreadable == 0:
+            break
+        core.tick()
+    assert seen[0] == (only_a - 4, 4)  # the first slice went at once
+    assert seen[-1] == (0, only_a)
+    assert core.status().objects == 30 - only_a

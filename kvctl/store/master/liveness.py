@@ -78,6 +78,11 @@ class DropJob(Job):
         self._why = why
         self.lost = 0
 
+    @property
+    def node(self) -> Node:
+        """The node being dropped (its copies not yet taken out are unreadable now)."""
+        return self._node
+
     def step(self, budget: int) -> bool:
         core, node = self._core, self._node
         done = 0

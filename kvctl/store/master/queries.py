@@ -154,10 +154,15 @@ class QueriesMixin(MasterBase):
     def _unreadable_now(self) -> int:
         """Objects kept whose every copy is on a node that is not alive (suspect, or restored
         and not registered again), with none in the shared tier: readable again if the node
-        comes back, lost if it is dropped. O(objects on such nodes)."""
+        comes back, lost if it is dropped; a node being dropped (a slice at a time, out of
+        the node table already) counts until its last slice. O(objects on such nodes)."""
+        from kvctl.store.master.liveness import DropJob
+
         found: set[str] = set()
-        for n in self._nodes.values():
-            if n.alive or n.dropped:
+        dropping = [j.node for j in self._jobs if isinstance(j, DropJob)]
+        being_dropped = {id(n) for n in dropping}
+        for n in (*self._nodes.values(), *dropping):
+            if n.alive or (n.dropped and id(n) not in being_dropped):
                 continue
             for obj in (*n.lru.values(), *n.ssd_lru.values()):
                 if (obj.key in found or obj.shared or not self._index.holds(obj)
