@@ -99,3 +99,19 @@ def test_objects_of_a_node_being_removed_are_unreadable_until_lost() -> None:
     assert seen[0] == (only_a - 4, 4)  # the first slice went at once
     assert seen[-1] == (0, only_a)
     assert core.status().objects == 30 - only_a
+
+
+def test_the_json_schema_names_every_status_total() -> None:
+    """``unreadable`` was in every ``store status --json`` document but not in its schema:
+    a script reading the schema did not know the total the table prints."""
+    import json
+    from pathlib import Path
+
+    import msgspec
+
+    schema = json.loads((Path(__file__).parents[2] / "docs" / "schemas"
+                         / "store.status.schema.json").read_text())
+    kvctl_branch = schema["allOf"][1]["then"]
+    fields = {f.encode_name for f in msgspec.structs.fields(p.StoreStatus)}
+    assert fields <= set(kvctl_branch["properties"]), fields - set(kvctl_branch["properties"])
+    assert {"objects", "tiers", "lost", "unreadable"} <= set(kvctl_branch["required"])
