@@ -36,3 +36,25 @@ def test_a_policy_left_by_a_token_is_deleted_and_the_cluster_runs_without_one(
     again = kvctl("cluster", "reset-policy", "--metadata", url, "--yes")
     assert again.exit_code == 0
     assert "nothing to delete" in again.stdout
+
+
+def test_a_tokenless_reset_is_refused_where_the_metadata_service_checks_writes(
+        kvctl: Kvctl) -> None:
+    """reset-policy needs no token (docs/cluster.md: it is for a cluster whose token is
+    gone); what guards the policy is the metadata service's own write check: a
+    ``kvctl metadata serve`` holding the token refuses the unsigned delete."""
+    from kvctl.metadata.server import MetadataServer
+
+    token = "live-token-7f3a"
+    server = MetadataServer(port=0, token=token).start()
+    try:
+        with open_metadata(server.url, token=token) as client:
+            agree_policy(client, ClusterKeys(), token, who="h1")
+        refused = kvctl("cluster", "reset-policy", "--metadata", server.url, "--yes")
+        assert refused.exit_code != 0, refused.stdout
+        assert "deleted" not in refused.stdout
+        assert "401" in refused.stderr or "token" in refused.stderr, refused.stderr
+        with open_metadata(server.url, token=token) as client:
+            assert client.get(ClusterKeys().policy) is not None
+    finally:
+        server.stop()
