@@ -392,6 +392,14 @@ def _evict_probe(run: _Run, client: StoreClient, probe: _SsdProbe, *,
     that follows has only its SSD copy to come from; its tier before that read."""
     tier = client.stat(probe.key).tier
     capacity = client.status().capacity_bytes
+    if "dram" in _tiers(tier) and capacity * 1.5 > budget_bytes:
+        # as the eviction check: skip before writing what could not push it out anyway
+        most = budget_bytes * 2 // 3 // MiB * MiB
+        raise _SkipError(f"pushing {probe.key} out of a {_fmt(capacity)} store's DRAM takes "
+                         f"writing up to {_fmt(int(capacity * 1.5))}, over this check's "
+                         f"{_fmt(budget_bytes)} budget: the SSD read path was not exercised; "
+                         f"run it against a store of at most {_fmt(most)} (or without "
+                         "--master: the embedded one)")
     limit = min(budget_bytes, int(capacity * 1.5))
     written = 0
     while "dram" in _tiers(tier) and written < limit:

@@ -29,3 +29,36 @@ def test_ssd_read_evicts_the_probe_itself_and_reads_it_from_ssd() -> None:
     assert read.detail.startswith("evicted from DRAM (ssd"), read.detail
     assert "loaded from SSD and read back byte for byte" in read.detail
     assert "not forced" not in read.detail
+
+
+def test_ssd_read_on_a_store_too_large_skips_before_writing() -> None:
+    """A 1 GiB store cannot be pushed out of DRAM within the 256 MiB budget: the check
+    wrote the whole budget (256 x 1 MiB, leaving it to evict other objects of a store in
+    use) before saying skip; the eviction check beside it skips before writing anything."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from kvctl.store.smoke import MiB
+
+    class Big:
+        puts = 0
+
+        def stat(self, key: str) -> Any:
+            return SimpleNamespace(tier="dram+ssd")
+
+        def status(self) -> Any:
+            return SimpleNamespace(capacity_bytes=1024 * MiB)
+
+        def batch_put(self, items: list[tuple[str, bytes]]) -> list[None]:
+            self.puts += len(items)
+            return [None] * len(items)
+
+    big = Big()
+    run = _Run(big, new_client=lambda: big, prefix="big/", progress=None)  # type: ignore[arg-type]
+    probe = _SsdProbe()
+    probe.key, probe.value = "big/ssd-0", b"x"
+    run.check("ssd-read", lambda: _ssd_verify(run, big, probe))  # type: ignore[arg-type]
+    (read,) = run.checks
+    assert read.status == "skip", read
+    assert "256 MiB budget" in read.detail, read.detail
+    assert big.puts == 0
