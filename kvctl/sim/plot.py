@@ -24,6 +24,21 @@ def _figure() -> Any:
     return Figure(figsize=(7, 4.5))
 
 
+def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path``.
+
+    Raises:
+        UsageError: the file cannot be written.
+    """
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write plot {path}: {exc.strerror or exc}", "give a writable --plot path"
+        ) from exc
+    return path
+
+
 #: Per routing, a colour family: the dark shade without the pool, the light one with it.
 _FAMILIES = {"random": ("#1f4e9c", "#5b9bd5"), "cache-aware": ("#a4470b", "#f0a030")}
 _OTHER = ("#444444", "#999999")
@@ -95,13 +110,7 @@ def plot_recompute(
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write plot {path}: {exc.strerror or exc}", "give a writable --plot path"
-        ) from exc
-    return path
+    return _save(fig, path)
 
 
 def check_trace_plot_path(path: Path) -> None:
@@ -189,10 +198,4 @@ def plot_trace(replay: TraceReplay, path: Path, *, title: str = "") -> Path:
     bottom.legend(fontsize="x-small")
     fig.tight_layout()
     check_trace_plot_path(path)
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write plot {path}: {exc.strerror or exc}", "give a writable --plot path"
-        ) from exc
-    return path
+    return _save(fig, path)
